@@ -1,0 +1,120 @@
+//! The narrow interface between regbroker and its cloud providers.
+//!
+//! A provider owns three things: the host patterns it recognises (strict and anchored),
+//! the identity chain it reads, and the exchange that turns that identity into registry
+//! credentials. It knows nothing of caching, HTTP serving or client protocols; the
+//! broker knows nothing of a cloud's wire format. This crate has no cloud dependency so
+//! that every provider depends only on this narrow interface.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod clock;
+mod credential;
+mod error;
+mod registry;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+#[cfg(any(test, feature = "test-util"))]
+pub use clock::ManualClock;
+pub use clock::{Clock, SharedClock, SystemClock, system_clock};
+pub use credential::{Credential, IDENTITY_TOKEN_USERNAME};
+pub use error::{Error, ErrorKind};
+pub use registry::{DOCKER_HUB, MAX_HOST_LEN, ParseError, Registry};
+pub use secrecy::{ExposeSecret, SecretString};
+
+/// A boxed future, as returned by the object-safe [`Provider::fetch`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Provider options from a routing rule (`region = "eu-west-1"`, `account = "..."`).
+pub type Options = BTreeMap<String, String>;
+
+/// What a provider will fetch: the registry asked for, plus everything the provider
+/// worked out from the host or the rule (region, account, role...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    registry: Registry,
+    scope: String,
+    params: BTreeMap<String, String>,
+}
+
+impl Target {
+    /// A target for `registry` whose credential is shared by every target with the same
+    /// `scope`. The scope must name everything the credential depends on: the identity
+    /// (role, client id), the partition or region, the account. Two targets with the
+    /// same provider and scope get the same cached credential.
+    pub fn new(registry: Registry, scope: impl Into<String>) -> Target {
+        Target {
+            registry,
+            scope: scope.into(),
+            params: BTreeMap::new(),
+        }
+    }
+
+    /// Adds a provider-specific parameter.
+    pub fn with_param(mut self, key: &str, value: impl Into<String>) -> Target {
+        self.params.insert(key.to_string(), value.into());
+        self
+    }
+
+    /// The registry the client asked for.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The cache scope (see [`Target::new`]).
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// A provider-specific parameter.
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.params.get(key).map(String::as_str)
+    }
+}
+
+/// A source of contextual registry credentials: one cloud.
+///
+/// The trait is object safe so the broker can hold `Arc<dyn Provider>`; implementations
+/// keep their real work in an inherent `async fn` and box it in [`Provider::fetch`].
+pub trait Provider: Send + Sync + fmt::Debug {
+    /// `aws`, `azure`, `gcp`: the name used in rules, metrics and responses.
+    fn name(&self) -> &'static str;
+
+    /// Auto-detection: `Some` only for hosts that match this provider's own strict,
+    /// anchored patterns. Must never match a host that merely resembles one.
+    fn recognise(&self, registry: &Registry) -> Option<Target>;
+
+    /// Checks a routing rule's options at start-up. The error names the bad key.
+    fn check_options(&self, options: &Options) -> Result<(), String>;
+
+    /// An explicit routing rule sent `registry` here with `options` (already checked).
+    /// This may serve hosts that [`Provider::recognise`] would not, such as a
+    /// pull-through proxy with an explicit region and account.
+    fn target(&self, registry: &Registry, options: &Options) -> Result<Target, Error>;
+
+    /// Exchanges this provider's identity for a credential for `target`.
+    fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>>;
+}
+
+/// Rejects every option key not in `known`, naming the first unknown one.
+pub fn check_known_options(
+    provider: &str,
+    options: &Options,
+    known: &[&str],
+) -> Result<(), String> {
+    match options.keys().find(|k| !known.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(k) if known.is_empty() => Err(format!(
+            "unknown option `{k}`: the {provider} provider takes no options"
+        )),
+        Some(k) => Err(format!(
+            "unknown option `{k}` for the {provider} provider (known: {})",
+            known.join(", ")
+        )),
+    }
+}

@@ -1,0 +1,469 @@
+//! Registry names: what clients send, parsed strictly and normalised to one canonical form.
+//!
+//! Clients name a registry in many ways: `host`, `host:port`, `https://host/v2/`,
+//! `oci://host/repo/chart`, an image reference `host/repo:tag` or `host/repo@sha256:..`, or
+//! one of Docker Hub's aliases. [`Registry::parse`] turns all of them into a lower-case
+//! host plus an optional port. Anything that is not plainly a host name is rejected: a
+//! credential broker must never guess which host a caller meant.
+//!
+//! Error messages never repeat the whole input, since a malformed input may hold a
+//! secret (`user:password@host`).
+
+use std::fmt;
+
+/// The canonical name of Docker Hub; `index.docker.io`, `registry-1.docker.io` and
+/// `https://index.docker.io/v1/` all normalise to it.
+pub const DOCKER_HUB: &str = "docker.io";
+
+const DOCKER_HUB_ALIASES: &[&str] = &["docker.io", "index.docker.io", "registry-1.docker.io"];
+
+/// The longest host name DNS allows.
+pub const MAX_HOST_LEN: usize = 253;
+const MAX_LABEL_LEN: usize = 63;
+/// Longest input accepted at all, so hostile input is rejected before any work.
+const MAX_INPUT_LEN: usize = 4096;
+
+/// A normalised registry: a lower-case host and an optional port.
+///
+/// `example.com` and `example.com:443` are different registries, as they are to docker.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Registry {
+    /// `host` or `host:port`, lower case; IPv6 literals keep their brackets.
+    name: String,
+    /// Length of the host part of `name`.
+    host_len: usize,
+    port: Option<u16>,
+}
+
+/// Why a registry name was rejected.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ParseError {
+    /// Nothing was given.
+    Empty,
+    /// The input is longer than any registry name could be.
+    TooLong,
+    /// Whitespace or a control character somewhere in the input.
+    WhitespaceOrControl,
+    /// `user:password@host`: credentials must never travel inside a registry name.
+    UserInfo,
+    /// A scheme other than `http`, `https` or `oci`.
+    UnsupportedScheme(String),
+    /// A non-ASCII character in the host; the punycode (`xn--`) form is accepted.
+    NonAscii,
+    /// The port is not a number from 1 to 65535 written without leading zeros.
+    InvalidPort(String),
+    /// The host is longer than 253 characters.
+    HostTooLong(usize),
+    /// A label is empty (`a..b`, a leading or trailing dot) or longer than 63 characters,
+    /// or holds a character other than letters, digits and inner hyphens.
+    InvalidLabel(String),
+    /// A bracketed IPv6 literal that does not parse.
+    InvalidIpv6,
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ParseError::Empty => f.write_str("registry name is empty"),
+            ParseError::TooLong => write!(f, "registry name is longer than {MAX_INPUT_LEN} bytes"),
+            ParseError::WhitespaceOrControl => {
+                f.write_str("registry name contains whitespace or a control character")
+            }
+            ParseError::UserInfo => f.write_str(
+                "registry name contains userinfo (user:password@host); credentials must not be embedded in a registry name",
+            ),
+            ParseError::UnsupportedScheme(s) => write!(
+                f,
+                "unsupported scheme `{s}` in registry name (expected https://, http:// or oci://)"
+            ),
+            ParseError::NonAscii => f.write_str(
+                "registry host contains non-ASCII characters; use its punycode (xn--) form",
+            ),
+            ParseError::InvalidPort(p) => {
+                write!(f, "invalid port `{p}` in registry name (expected 1-65535)")
+            }
+            ParseError::HostTooLong(n) => {
+                write!(f, "registry host is {n} characters long; the limit is {MAX_HOST_LEN}")
+            }
+            ParseError::InvalidLabel(l) => write!(
+                f,
+                "invalid label `{l}` in registry host (labels are 1-63 letters, digits or inner hyphens)"
+            ),
+            ParseError::InvalidIpv6 => f.write_str("invalid IPv6 literal in registry host"),
+        }
+    }
+}
+
+impl std::error::Error for ParseError {}
+
+impl Registry {
+    /// Parses what a client sent into a canonical registry.
+    ///
+    /// ```
+    /// use regbroker_provider::Registry;
+    /// let r = Registry::parse("https://123456789012.DKR.ecr.us-east-1.amazonaws.com/v2/").unwrap();
+    /// assert_eq!(r.as_str(), "123456789012.dkr.ecr.us-east-1.amazonaws.com");
+    /// assert_eq!(Registry::parse("index.docker.io").unwrap().as_str(), "docker.io");
+    /// assert!(Registry::parse("user:pw@example.com").is_err());
+    /// ```
+    pub fn parse(input: &str) -> Result<Registry, ParseError> {
+        if input.is_empty() {
+            return Err(ParseError::Empty);
+        }
+        if input.len() > MAX_INPUT_LEN {
+            return Err(ParseError::TooLong);
+        }
+        if input.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ParseError::WhitespaceOrControl);
+        }
+
+        let (rest, had_scheme) = match input.find("://") {
+            Some(i) => {
+                let scheme = &input[..i];
+                if !["https", "http", "oci"]
+                    .iter()
+                    .any(|s| s.eq_ignore_ascii_case(scheme))
+                {
+                    // Only echo a scheme that looks like one; never an arbitrary prefix.
+                    let shown = if scheme.len() <= 16
+                        && scheme
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-')
+                    {
+                        scheme.to_string()
+                    } else {
+                        "?".to_string()
+                    };
+                    return Err(ParseError::UnsupportedScheme(shown));
+                }
+                (&input[i + 3..], true)
+            }
+            None => (input, false),
+        };
+
+        // The authority ends at the first '/' (a path), '?' or '#'.
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let authority = &rest[..end];
+        let has_path = end < rest.len();
+        if authority.contains('@') {
+            return Err(ParseError::UserInfo);
+        }
+
+        // An image reference without a scheme follows docker's rule: the first path
+        // component is a registry only if it has a dot or a colon or is `localhost`;
+        // otherwise the reference is a Docker Hub repository (`library/nginx`).
+        if !had_scheme
+            && has_path
+            && !authority.contains(['.', ':'])
+            && !authority.eq_ignore_ascii_case("localhost")
+            && !authority.is_empty()
+        {
+            return Ok(Registry::docker_hub());
+        }
+
+        let (host, port) = split_host_port(authority)?;
+        let host = normalise_host(host)?;
+        if port.is_none() && DOCKER_HUB_ALIASES.contains(&host.as_str()) {
+            return Ok(Registry::docker_hub());
+        }
+        Ok(Registry::from_parts(host, port))
+    }
+
+    /// Docker Hub under its canonical name.
+    pub fn docker_hub() -> Registry {
+        Registry::from_parts(DOCKER_HUB.to_string(), None)
+    }
+
+    fn from_parts(host: String, port: Option<u16>) -> Registry {
+        let host_len = host.len();
+        let name = match port {
+            Some(p) => format!("{host}:{p}"),
+            None => host,
+        };
+        Registry {
+            name,
+            host_len,
+            port,
+        }
+    }
+
+    /// The canonical name, `host` or `host:port`.
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    /// The lower-case host, without the port.
+    pub fn host(&self) -> &str {
+        &self.name[..self.host_len]
+    }
+
+    /// The port, if the client named one.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    /// The host's dot-separated labels (an IPv6 literal is one label).
+    pub fn labels(&self) -> impl Iterator<Item = &str> {
+        let host = self.host();
+        let ipv6 = host.starts_with('[');
+        host.split(move |c| !ipv6 && c == '.')
+    }
+
+    /// Whether this is Docker Hub.
+    pub fn is_docker_hub(&self) -> bool {
+        self.name == DOCKER_HUB
+    }
+}
+
+impl fmt::Display for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Registry({})", self.name)
+    }
+}
+
+impl std::str::FromStr for Registry {
+    type Err = ParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Registry::parse(s)
+    }
+}
+
+fn split_host_port(authority: &str) -> Result<(&str, Option<u16>), ParseError> {
+    if let Some(rest) = authority.strip_prefix('[') {
+        let close = rest.find(']').ok_or(ParseError::InvalidIpv6)?;
+        let host = &authority[..close + 2];
+        let after = &rest[close + 1..];
+        let port = match after {
+            "" => None,
+            p => Some(parse_port(
+                p.strip_prefix(':').ok_or(ParseError::InvalidIpv6)?,
+            )?),
+        };
+        return Ok((host, port));
+    }
+    match authority.split_once(':') {
+        None => Ok((authority, None)),
+        Some((host, port)) => Ok((host, Some(parse_port(port)?))),
+    }
+}
+
+fn parse_port(p: &str) -> Result<u16, ParseError> {
+    let shown = || {
+        let mut s: String = p.chars().take(8).collect();
+        if p.len() > 8 {
+            s.push('…');
+        }
+        ParseError::InvalidPort(s)
+    };
+    if p.is_empty() || p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit()) || p.starts_with('0') {
+        return Err(shown());
+    }
+    match p.parse::<u16>() {
+        Ok(0) | Err(_) => Err(shown()),
+        Ok(n) => Ok(n),
+    }
+}
+
+fn normalise_host(host: &str) -> Result<String, ParseError> {
+    if host.is_empty() {
+        return Err(ParseError::Empty);
+    }
+    if !host.is_ascii() {
+        return Err(ParseError::NonAscii);
+    }
+    if host.starts_with('[') {
+        let inner = &host[1..host.len() - 1];
+        let addr: std::net::Ipv6Addr = inner.parse().map_err(|_| ParseError::InvalidIpv6)?;
+        return Ok(format!("[{addr}]"));
+    }
+    if host.len() > MAX_HOST_LEN {
+        return Err(ParseError::HostTooLong(host.len()));
+    }
+    let host = host.to_ascii_lowercase();
+    for label in host.split('.') {
+        let valid = !label.is_empty()
+            && label.len() <= MAX_LABEL_LEN
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !label.starts_with('-')
+            && !label.ends_with('-');
+        if !valid {
+            let mut shown: String = label.chars().take(MAX_LABEL_LEN).collect();
+            if label.len() > MAX_LABEL_LEN {
+                shown.push('…');
+            }
+            return Err(ParseError::InvalidLabel(shown));
+        }
+    }
+    Ok(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(input: &str) -> String {
+        match Registry::parse(input) {
+            Ok(r) => r.to_string(),
+            Err(e) => panic!("{input:?} should parse: {e}"),
+        }
+    }
+
+    #[test]
+    fn accepted_forms_normalise_to_one_name() {
+        let cases = [
+            ("example.com", "example.com"),
+            ("EXAMPLE.com", "example.com"),
+            ("example.com:5000", "example.com:5000"),
+            ("https://example.com/v2/", "example.com"),
+            ("HTTPS://Example.COM/v2/", "example.com"),
+            ("http://example.com", "example.com"),
+            ("http://example.com:8080/", "example.com:8080"),
+            ("oci://example.com/charts/podinfo", "example.com"),
+            ("example.com/repo:tag", "example.com"),
+            ("example.com/a/b/c@sha256:0123abcd", "example.com"),
+            ("example.com:443/repo", "example.com:443"),
+            ("localhost/repo", "localhost"),
+            ("localhost:5000", "localhost:5000"),
+            ("127.0.0.1:5000", "127.0.0.1:5000"),
+            ("[::1]:5000", "[::1]:5000"),
+            ("[0:0::1]", "[::1]"),
+            ("docker.io", "docker.io"),
+            ("index.docker.io", "docker.io"),
+            ("registry-1.docker.io", "docker.io"),
+            ("https://index.docker.io/v1/", "docker.io"),
+            ("library/nginx", "docker.io"),
+            ("fluxcd/flux:latest", "docker.io"),
+            ("xn--bcher-kva.example", "xn--bcher-kva.example"),
+            ("registry", "registry"),
+            (
+                "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+                "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+            ),
+        ];
+        for (input, want) in cases {
+            assert_eq!(ok(input), want, "input {input:?}");
+        }
+    }
+
+    #[test]
+    fn docker_hub_with_a_port_is_not_docker_hub() {
+        assert_eq!(ok("docker.io:443"), "docker.io:443");
+        assert!(!Registry::parse("docker.io:443").unwrap().is_docker_hub());
+    }
+
+    #[test]
+    fn host_and_port_accessors() {
+        let r = Registry::parse("Example.com:5000/x").unwrap();
+        assert_eq!(r.host(), "example.com");
+        assert_eq!(r.port(), Some(5000));
+        assert_eq!(r.labels().collect::<Vec<_>>(), ["example", "com"]);
+        let r = Registry::parse("[::1]:5000").unwrap();
+        assert_eq!(r.host(), "[::1]");
+        assert_eq!(r.labels().count(), 1);
+    }
+
+    #[test]
+    fn hostile_inputs_are_rejected_with_a_reason() {
+        let long_label = format!("{}.com", "a".repeat(64));
+        let long_host = format!("{}.com", ["abcdefghi"; 26].join("."));
+        let cases: Vec<(&str, fn(&ParseError) -> bool)> = vec![
+            ("", |e| *e == ParseError::Empty),
+            (" example.com", |e| *e == ParseError::WhitespaceOrControl),
+            ("example.com\n", |e| *e == ParseError::WhitespaceOrControl),
+            ("exa mple.com", |e| *e == ParseError::WhitespaceOrControl),
+            ("example.com\0", |e| *e == ParseError::WhitespaceOrControl),
+            ("example.com\u{7f}", |e| {
+                *e == ParseError::WhitespaceOrControl
+            }),
+            ("user:pass@example.com", |e| *e == ParseError::UserInfo),
+            ("https://user:pass@example.com/v2/", |e| {
+                *e == ParseError::UserInfo
+            }),
+            ("@example.com", |e| *e == ParseError::UserInfo),
+            ("ftp://example.com", |e| {
+                matches!(e, ParseError::UnsupportedScheme(_))
+            }),
+            ("file:///etc/passwd", |e| {
+                matches!(e, ParseError::UnsupportedScheme(_))
+            }),
+            ("example.com:", |e| matches!(e, ParseError::InvalidPort(_))),
+            ("example.com:0", |e| matches!(e, ParseError::InvalidPort(_))),
+            ("example.com:65536", |e| {
+                matches!(e, ParseError::InvalidPort(_))
+            }),
+            ("example.com:05000", |e| {
+                matches!(e, ParseError::InvalidPort(_))
+            }),
+            ("example.com:http", |e| {
+                matches!(e, ParseError::InvalidPort(_))
+            }),
+            ("example.com:5000:1", |e| {
+                matches!(e, ParseError::InvalidPort(_))
+            }),
+            ("example.com:+80", |e| {
+                matches!(e, ParseError::InvalidPort(_))
+            }),
+            ("example..com", |e| matches!(e, ParseError::InvalidLabel(_))),
+            (".example.com", |e| matches!(e, ParseError::InvalidLabel(_))),
+            ("example.com.", |e| matches!(e, ParseError::InvalidLabel(_))),
+            ("-example.com", |e| matches!(e, ParseError::InvalidLabel(_))),
+            ("example-.com", |e| matches!(e, ParseError::InvalidLabel(_))),
+            ("exa_mple.com", |e| matches!(e, ParseError::InvalidLabel(_))),
+            ("example.com%2f", |e| {
+                matches!(e, ParseError::InvalidLabel(_))
+            }),
+            ("ex%61mple.com", |e| {
+                matches!(e, ParseError::InvalidLabel(_))
+            }),
+            ("example.com\\evil.com", |e| {
+                matches!(e, ParseError::InvalidLabel(_))
+            }),
+            ("*.example.com", |e| {
+                matches!(e, ParseError::InvalidLabel(_))
+            }),
+            ("exämple.com", |e| *e == ParseError::NonAscii),
+            ("ｅxample.com", |e| *e == ParseError::NonAscii),
+            (&long_label, |e| matches!(e, ParseError::InvalidLabel(_))),
+            (&long_host, |e| matches!(e, ParseError::HostTooLong(_))),
+            ("[::1", |e| *e == ParseError::InvalidIpv6),
+            ("[not-ip]:5000", |e| *e == ParseError::InvalidIpv6),
+            ("[::1]x", |e| *e == ParseError::InvalidIpv6),
+            ("https:///v2/", |e| *e == ParseError::Empty),
+            ("/repo", |e| *e == ParseError::Empty),
+            ("?x", |e| *e == ParseError::Empty),
+        ];
+        for (input, check) in cases {
+            match Registry::parse(input) {
+                Ok(r) => panic!("{input:?} should be rejected, got {r}"),
+                Err(e) => assert!(check(&e), "{input:?} rejected for the wrong reason: {e:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn errors_never_echo_userinfo() {
+        for input in [
+            "alice:hunter2@example.com",
+            "https://alice:hunter2@example.com:5000/v2/",
+            "alice:hunter2@example.com:99999",
+        ] {
+            let msg = Registry::parse(input).unwrap_err().to_string();
+            assert!(!msg.contains("hunter2"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn over_long_input_is_rejected_before_scanning() {
+        let input = "a".repeat(MAX_INPUT_LEN + 1);
+        assert_eq!(Registry::parse(&input), Err(ParseError::TooLong));
+    }
+}
