@@ -1,1 +1,7 @@
-fn main() {}
+//! The `regbroker` binary: a thin shell around [`regbroker::cli`].
+
+#![forbid(unsafe_code)]
+
+fn main() -> std::process::ExitCode {
+    regbroker::cli::main()
+}

@@ -1,0 +1,267 @@
+//! The broker: which source serves a registry, and the credential it serves.
+//!
+//! Precedence, first match wins:
+//! 1. a static entry for exactly this registry (Flux RFC-0002: `secretRef` wins over
+//!    `provider`);
+//! 2. the first routing rule whose pattern matches;
+//! 3. auto-detection: the first provider that recognises the host by its own strict
+//!    patterns;
+//! 4. otherwise the registry is not configured (the client should go anonymous).
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use futures_util::FutureExt;
+use regbroker_provider::{Credential, Error, ErrorKind, Provider, Registry, SharedClock, Target};
+
+use crate::cache::{self, Cache};
+use crate::metrics::Metrics;
+use crate::providers::Providers;
+use crate::routing::{Router, Source};
+use crate::static_secret;
+
+/// Why a source was chosen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// A static entry names this registry.
+    StaticEntry,
+    /// Routing rule number `index` (from 0) with this pattern matched.
+    Rule {
+        /// Position of the rule in the config file.
+        index: usize,
+        /// Its pattern.
+        pattern: String,
+    },
+    /// A provider recognised the host.
+    AutoDetected,
+    /// Nothing applies.
+    NoMatch,
+}
+
+/// What the broker decided for a registry, before fetching anything.
+#[derive(Debug)]
+pub struct Decision {
+    /// Why.
+    pub reason: Reason,
+    /// What serves it.
+    pub route: Route,
+}
+
+/// The chosen source.
+#[derive(Debug)]
+pub enum Route {
+    /// The static credential.
+    Static(Credential),
+    /// A provider and its target.
+    Provider(Arc<dyn Provider>, Target),
+    /// Nothing: the message says why.
+    NotConfigured(String),
+    /// A rule routed to a provider but the provider refused the target.
+    Failed(&'static str, Error),
+}
+
+/// A credential and where it came from.
+#[derive(Clone, Debug)]
+pub struct Served {
+    /// The registry asked for.
+    pub registry: Registry,
+    /// The credential.
+    pub credential: Credential,
+    /// `static` or the provider name.
+    pub source: &'static str,
+}
+
+/// Why no credential was served.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrokerError {
+    /// Nothing serves this registry.
+    #[error("{0}")]
+    NotConfigured(String),
+    /// A provider failed.
+    #[error("{provider}: {error}")]
+    Provider {
+        /// Which provider.
+        provider: &'static str,
+        /// Its error.
+        error: Arc<Error>,
+    },
+}
+
+impl BrokerError {
+    /// The error kind, for status mapping.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            BrokerError::NotConfigured(_) => ErrorKind::NotConfigured,
+            BrokerError::Provider { error, .. } => error.kind(),
+        }
+    }
+}
+
+/// The broker.
+#[derive(Debug)]
+pub struct Broker {
+    statics: Arc<static_secret::Store>,
+    router: Router,
+    providers: Providers,
+    cache: Cache,
+    metrics: Arc<Metrics>,
+    clock: SharedClock,
+}
+
+impl Broker {
+    /// A broker from its parts.
+    pub fn new(
+        statics: Arc<static_secret::Store>,
+        router: Router,
+        providers: Providers,
+        cache_config: cache::Config,
+        metrics: Arc<Metrics>,
+        clock: SharedClock,
+    ) -> Broker {
+        Broker {
+            statics,
+            router,
+            providers,
+            cache: Cache::new(cache_config, clock.clone()),
+            metrics,
+            clock,
+        }
+    }
+
+    /// Decides which source serves `registry`, without fetching.
+    pub fn decide(&self, registry: &Registry) -> Decision {
+        if let Some(c) = self.statics.snapshot().get(registry) {
+            return Decision {
+                reason: Reason::StaticEntry,
+                route: Route::Static(c.clone()),
+            };
+        }
+        if let Some((index, rule)) = self.router.route(registry) {
+            let reason = Reason::Rule {
+                index,
+                pattern: rule.pattern.as_str().to_string(),
+            };
+            let route = match &rule.source {
+                Source::None => Route::NotConfigured(format!(
+                    "no credentials for {registry}: rule {} ({}) disables contextual login",
+                    index + 1,
+                    rule.pattern.as_str()
+                )),
+                Source::Static => Route::NotConfigured(format!(
+                    "no credentials for {registry}: rule {} ({}) wants a static entry and none names this registry",
+                    index + 1,
+                    rule.pattern.as_str()
+                )),
+                Source::Provider { name, options } => match self.providers.get(name) {
+                    // Config validation guarantees the provider exists.
+                    None => Route::NotConfigured(format!("provider {name} is not available")),
+                    Some(p) => match p.target(registry, options) {
+                        Ok(t) => Route::Provider(p.clone(), t),
+                        Err(e) if e.kind() == ErrorKind::NotConfigured => {
+                            Route::NotConfigured(e.message().to_string())
+                        }
+                        Err(e) => Route::Failed(p.name(), e),
+                    },
+                },
+            };
+            return Decision { reason, route };
+        }
+        for p in self.providers.iter() {
+            if let Some(t) = p.recognise(registry) {
+                return Decision {
+                    reason: Reason::AutoDetected,
+                    route: Route::Provider(p.clone(), t),
+                };
+            }
+        }
+        Decision {
+            reason: Reason::NoMatch,
+            route: Route::NotConfigured(format!(
+                "no credentials for {registry}: no static entry, no rule, and no provider recognises it"
+            )),
+        }
+    }
+
+    /// The credential for `registry`.
+    pub async fn credential(&self, registry: &Registry) -> Result<Served, BrokerError> {
+        let decision = self.decide(registry);
+        self.serve(registry, decision.route).await
+    }
+
+    /// Serves a decision made by [`Broker::decide`].
+    pub async fn serve(&self, registry: &Registry, route: Route) -> Result<Served, BrokerError> {
+        match route {
+            Route::Static(credential) => {
+                self.metrics.credential_served("static");
+                tracing::debug!(%registry, source = "static", "Serving credential");
+                Ok(Served {
+                    registry: registry.clone(),
+                    credential,
+                    source: "static",
+                })
+            }
+            Route::NotConfigured(message) => Err(BrokerError::NotConfigured(message)),
+            Route::Failed(provider, error) => Err(BrokerError::Provider {
+                provider,
+                error: Arc::new(error),
+            }),
+            Route::Provider(provider, target) => {
+                let name = provider.name();
+                let key = cache::Key {
+                    provider: name,
+                    scope: target.scope().to_string(),
+                };
+                let metrics = self.metrics.clone();
+                let fetch = move || {
+                    async move {
+                        let started = Instant::now();
+                        tracing::debug!(provider = name, registry = %target.registry(), scope = target.scope(), "Fetching credential");
+                        let result = provider.fetch(&target).await;
+                        let outcome = match &result {
+                            Ok(_) => "ok",
+                            Err(e) => e.kind().code(),
+                        };
+                        metrics.upstream_call(name, outcome, started.elapsed().as_secs_f64());
+                        match &result {
+                            Ok(c) => tracing::info!(provider = name, scope = target.scope(), expires_at = ?c.expires_at().map(crate::rfc3339), "Fetched credential"),
+                            Err(e) => tracing::warn!(provider = name, scope = target.scope(), error = %e.chain(), "Credential fetch failed"),
+                        }
+                        result
+                    }
+                    .boxed()
+                };
+                match self.cache.get_or_fetch(&key, fetch).await {
+                    Ok((credential, outcome)) => {
+                        self.metrics.cache_lookup(outcome.as_str());
+                        self.metrics.credential_served(name);
+                        tracing::debug!(%registry, source = name, cache = outcome.as_str(), "Serving credential");
+                        Ok(Served {
+                            registry: registry.clone(),
+                            credential,
+                            source: name,
+                        })
+                    }
+                    Err(error) => Err(BrokerError::Provider {
+                        provider: name,
+                        error,
+                    }),
+                }
+            }
+        }
+    }
+
+    /// The current static credentials.
+    pub fn statics(&self) -> &static_secret::Store {
+        &self.statics
+    }
+
+    /// The cache (for metrics and benchmarks).
+    pub fn cache(&self) -> &Cache {
+        &self.cache
+    }
+
+    /// Now, by the broker's clock.
+    pub fn now(&self) -> SystemTime {
+        self.clock.now()
+    }
+}

@@ -1,0 +1,267 @@
+//! The configuration file (TOML) and its validation.
+//!
+//! ```toml
+//! [cache]
+//! refresh_fraction = 0.8     # refresh after this fraction of a credential's lifetime
+//! min_refresh = "30s"
+//! max_refresh = "12h"
+//! min_remaining = "30s"      # stop serving this long before expiry
+//! fallback_ttl = "60s"       # no expiry, or an expiry already past
+//! capacity = 10000
+//! max_concurrent_fetches = 32
+//!
+//! [[rule]]                   # tried in order; the first match decides
+//! match = "registry.example.com:5000"   # exact host[:port] or kubelet-style glob
+//! source = "static"          # aws | azure | gcp | static | none
+//!
+//! [[rule]]
+//! match = "ecr-proxy.example.com"
+//! source = "aws"
+//! options = { region = "eu-west-1", account = "123456789012" }
+//! ```
+//!
+//! TOML was chosen over YAML because the `toml` crate is maintained by the cargo team and
+//! reports errors with line and column, while serde_yaml is unmaintained.
+
+use std::path::{Path, PathBuf};
+
+use regbroker_provider::Options;
+use serde::Deserialize;
+
+use crate::cache;
+use crate::providers::Providers;
+use crate::routing::{Pattern, Router, Rule, Source};
+
+/// A configuration error: always names the file and, where known, the line or key.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {message}", path.display())]
+pub struct Error {
+    /// The file.
+    pub path: PathBuf,
+    /// What is wrong, where.
+    pub message: String,
+}
+
+/// The file, as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    cache: cache::Config,
+    #[serde(default, rename = "rule")]
+    rules: Vec<RawRule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRule {
+    #[serde(rename = "match")]
+    pattern: toml::Spanned<String>,
+    source: toml::Spanned<String>,
+    #[serde(default)]
+    options: Options,
+}
+
+/// Validated configuration: plain data.
+#[derive(Debug, Default)]
+pub struct Config {
+    /// Cache settings.
+    pub cache: cache::Config,
+    /// Routing rules.
+    pub router: Router,
+}
+
+/// Reads and validates `path` against the providers compiled in.
+pub fn load(path: &Path, providers: &Providers) -> Result<Config, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error {
+        path: path.to_path_buf(),
+        message: format!("cannot read: {e}"),
+    })?;
+    parse(&text, providers).map_err(|message| Error {
+        path: path.to_path_buf(),
+        message,
+    })
+}
+
+/// Parses and validates configuration text.
+pub fn parse(text: &str, providers: &Providers) -> Result<Config, String> {
+    let file: File = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+    file.cache.validate()?;
+    let line_of = |offset: usize| text[..offset.min(text.len())].lines().count().max(1);
+    let mut rules = Vec::with_capacity(file.rules.len());
+    for raw in file.rules {
+        let line = line_of(raw.pattern.span().start);
+        let at = |msg: String| {
+            format!(
+                "rule at line {line} (match = {:?}): {msg}",
+                raw.pattern.get_ref()
+            )
+        };
+        let pattern = Pattern::parse(raw.pattern.get_ref()).map_err(|e| at(e.to_string()))?;
+        let source = match raw.source.get_ref().as_str() {
+            "static" | "none" if !raw.options.is_empty() => {
+                return Err(at(format!(
+                    "source `{}` takes no options",
+                    raw.source.get_ref()
+                )));
+            }
+            "static" => Source::Static,
+            "none" => Source::None,
+            name => {
+                let provider = providers.get(name).ok_or_else(|| {
+                    at(if crate::providers::KNOWN.contains(&name) {
+                        format!("source `{name}` is not available: this build lacks the `{name}` feature")
+                    } else {
+                        format!("unknown source `{name}` (expected aws, azure, gcp, static or none)")
+                    })
+                })?;
+                provider.check_options(&raw.options).map_err(at)?;
+                Source::Provider {
+                    name: provider.name().to_string(),
+                    options: raw.options,
+                }
+            }
+        };
+        if pattern.is_glob() && matches!(source, Source::Provider { .. }) {
+            let host = pattern.as_str().split(':').next().unwrap_or_default();
+            let labels: Vec<&str> = host.split('.').collect();
+            if labels.iter().rev().take(2).any(|l| l.contains('*')) {
+                return Err(at(
+                    "a cloud source needs a pattern whose last two labels are literal; a wildcard there could send cloud credentials to hosts you do not control".into(),
+                ));
+            }
+        }
+        rules.push(Rule { pattern, source });
+    }
+    Ok(Config {
+        cache: file.cache,
+        router: Router::new(rules),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::providers::Providers;
+
+    fn parse_err(text: &str) -> String {
+        parse(text, &Providers::builtin()).unwrap_err()
+    }
+
+    #[test]
+    fn full_example_parses() {
+        let text = r#"
+[cache]
+refresh_fraction = 0.5
+min_refresh = "1m"
+
+[[rule]]
+match = "registry.example.com:5000"
+source = "static"
+
+[[rule]]
+match = "*.internal.example.com"
+source = "none"
+"#;
+        let c = parse(text, &Providers::builtin()).unwrap();
+        assert_eq!(c.cache.refresh_fraction, 0.5);
+        assert_eq!(c.cache.min_refresh, std::time::Duration::from_secs(60));
+        assert_eq!(c.router.rules().len(), 2);
+        assert_eq!(c.router.rules()[0].source, Source::Static);
+    }
+
+    #[test]
+    fn empty_file_is_valid() {
+        let c = parse("", &Providers::builtin()).unwrap();
+        assert!(c.router.rules().is_empty());
+        assert_eq!(c.cache, cache::Config::default());
+    }
+
+    #[test]
+    fn unknown_source_names_the_line() {
+        let e = parse_err("\n\n[[rule]]\nmatch = \"a.example.com\"\nsource = \"awz\"\n");
+        assert!(e.contains("line 4"), "{e}");
+        assert!(e.contains("unknown source `awz`"), "{e}");
+    }
+
+    #[test]
+    fn bad_pattern_names_the_line_and_reason() {
+        let e = parse_err("[[rule]]\nmatch = \"https://*.example.com\"\nsource = \"none\"\n");
+        assert!(e.contains("line 2"), "{e}");
+        assert!(e.contains("no scheme"), "{e}");
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_their_position() {
+        let e = parse_err("[cache]\nrefresh_fractoin = 0.5\n");
+        assert!(e.contains("refresh_fractoin"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+        let e = parse_err("[[rule]]\nmatch = \"a.example.com\"\nsorce = \"none\"\n");
+        assert!(e.contains("sorce"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        let e = parse_err("[cache]\nmin_refresh = \"soon\"\n");
+        assert!(e.contains("min_refresh") || e.contains("line 2"), "{e}");
+        let e = parse_err("[cache]\nrefresh_fraction = 0.0\n");
+        assert!(e.contains("refresh_fraction"), "{e}");
+        let e = parse_err(
+            "[[rule]]\nmatch = \"a.example.com\"\nsource = \"static\"\noptions = { region = \"x\" }\n",
+        );
+        assert!(e.contains("takes no options"), "{e}");
+    }
+
+    #[cfg(feature = "aws")]
+    #[test]
+    fn provider_options_are_checked_by_the_provider() {
+        let e = parse_err(
+            "[[rule]]\nmatch = \"proxy.example.com\"\nsource = \"aws\"\noptions = { regoin = \"eu-west-1\" }\n",
+        );
+        assert!(e.contains("regoin"), "{e}");
+    }
+
+    // Any cloud compiled in will do.
+    const CLOUD: &str = crate::providers::KNOWN[0];
+
+    #[cfg(any(feature = "aws", feature = "azure", feature = "gcp"))]
+    #[test]
+    fn cloud_rule_with_wildcard_in_registrable_part_is_refused() {
+        for m in [
+            "*.com",
+            "registry.*",
+            "a.*.com",
+            "*.*",
+            "*.com:5000",
+            "x.*:5000",
+        ] {
+            let e = parse_err(
+                &format!("[[rule]]\nmatch = \"{m}\"\nsource = \"static\"\n")
+                    .replace("static", CLOUD),
+            );
+            assert!(e.contains("last two labels"), "{m}: {e}");
+        }
+        // Fine for non-cloud sources.
+        parse(
+            "[[rule]]\nmatch = \"*.com\"\nsource = \"none\"\n",
+            &Providers::builtin(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn load_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("regbroker.toml");
+        std::fs::write(&p, "[[rule]]\nmatch = 5\n").unwrap();
+        let e = load(&p, &Providers::builtin()).unwrap_err().to_string();
+        assert!(e.starts_with(&p.display().to_string()), "{e}");
+        let e = load(&dir.path().join("missing.toml"), &Providers::builtin())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("missing.toml") && e.contains("cannot read"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! Prometheus metrics. Labels hold only route templates, status codes, provider names
+//! and outcome words: never a registry secret, and never a raw path or registry name
+//! (unbounded cardinality).
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: &'static str,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabels {
+    provider: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProviderLabels {
+    provider: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    source: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    // 5 ms .. ~10 s: cloud token exchanges.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.005, 2.0, 12,
+    ))
+}
+
+/// All of regbroker's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    cache: Family<ResultLabels, Counter>,
+    served: Family<SourceLabels, Counter>,
+    upstream: Family<UpstreamLabels, Counter>,
+    upstream_seconds: Family<ProviderLabels, Histogram, fn() -> Histogram>,
+    static_reloads: Family<ResultLabels, Counter>,
+    /// Registries with a static credential.
+    pub static_entries: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `regbroker_` prefix.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("regbroker");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by route template and status code",
+            requests.clone(),
+        );
+        let cache = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "cache_lookups",
+            "Credential cache lookups by result (hit, miss, refresh, stale)",
+            cache.clone(),
+        );
+        let served = Family::<SourceLabels, Counter>::default();
+        registry.register(
+            "credentials_served",
+            "Credentials served by source (static or provider name)",
+            served.clone(),
+        );
+        let upstream = Family::<UpstreamLabels, Counter>::default();
+        registry.register(
+            "upstream_requests",
+            "Upstream credential exchanges by provider and outcome",
+            upstream.clone(),
+        );
+        let upstream_seconds =
+            Family::<ProviderLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                latency_histogram,
+            );
+        registry.register(
+            "upstream_request_duration_seconds",
+            "Upstream credential exchange latency by provider",
+            upstream_seconds.clone(),
+        );
+        let static_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "static_reloads",
+            "Reloads of static docker config sources by result (ok, error)",
+            static_reloads.clone(),
+        );
+        let static_entries = Gauge::default();
+        registry.register(
+            "static_entries",
+            "Registries with a static credential",
+            static_entries.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            cache,
+            served,
+            upstream,
+            upstream_seconds,
+            static_reloads,
+            static_entries,
+        }
+    }
+
+    /// Counts an HTTP request.
+    pub fn http_request(&self, route: &'static str, status: u16) {
+        self.requests
+            .get_or_create(&RequestLabels { route, status })
+            .inc();
+    }
+
+    /// Counts a cache lookup.
+    pub fn cache_lookup(&self, result: &'static str) {
+        self.cache.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// Counts a credential served.
+    pub fn credential_served(&self, source: &'static str) {
+        self.served.get_or_create(&SourceLabels { source }).inc();
+    }
+
+    /// Records one upstream exchange.
+    pub fn upstream_call(&self, provider: &'static str, outcome: &'static str, seconds: f64) {
+        self.upstream
+            .get_or_create(&UpstreamLabels { provider, outcome })
+            .inc();
+        self.upstream_seconds
+            .get_or_create(&ProviderLabels { provider })
+            .observe(seconds);
+    }
+
+    /// Counts a static reload.
+    pub fn static_reload(&self, result: &'static str) {
+        self.static_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,45 @@
+//! The cloud providers compiled into this build (cargo features `aws`, `azure`, `gcp`).
+
+use std::sync::Arc;
+
+use regbroker_provider::Provider;
+
+/// Every provider name regbroker knows, whether compiled in or not.
+pub const KNOWN: &[&str] = &["aws", "azure", "gcp"];
+
+/// An ordered set of providers; auto-detection asks them in this order.
+#[derive(Clone, Debug, Default)]
+pub struct Providers {
+    list: Vec<Arc<dyn Provider>>,
+}
+
+impl Providers {
+    /// The providers compiled in, configured from the environment. Does no I/O: each
+    /// provider reads its identity on first use.
+    pub fn builtin() -> Providers {
+        let list: Vec<Arc<dyn Provider>> = vec![
+            #[cfg(feature = "aws")]
+            Arc::new(regbroker_aws::AwsProvider::from_env()),
+            #[cfg(feature = "azure")]
+            Arc::new(regbroker_azure::AzureProvider::from_env()),
+            #[cfg(feature = "gcp")]
+            Arc::new(regbroker_gcp::GcpProvider::from_env()),
+        ];
+        Providers { list }
+    }
+
+    /// Exactly these providers (tests, embedding).
+    pub fn new(list: Vec<Arc<dyn Provider>>) -> Providers {
+        Providers { list }
+    }
+
+    /// The provider named `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Provider>> {
+        self.list.iter().find(|p| p.name() == name)
+    }
+
+    /// All providers, in auto-detection order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Provider>> {
+        self.list.iter()
+    }
+}

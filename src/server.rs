@@ -1,0 +1,296 @@
+//! The sidecar HTTP endpoint.
+//!
+//! - `GET /v1/credentials?registry=HOST`: `200 {"registry","username","password","expiresAt","provider"}`,
+//!   `404` when nothing applies (the client should go anonymous), `400` for a malformed
+//!   registry, `403` when the identity is missing or rejected, `502`/`503`/`504` for
+//!   upstream failures. Errors are `{"error": {"code", "message"}}` and never hold a secret.
+//! - `GET /healthz` (alive), `GET /readyz` (configuration and static secrets loaded),
+//!   `GET /metrics` (Prometheus text).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::{MatchedPath, RawQuery, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use regbroker_provider::{ErrorKind, ExposeSecret, Registry};
+use serde_json::json;
+
+use crate::broker::{Broker, BrokerError};
+use crate::metrics::Metrics;
+
+/// Most bytes of query string accepted.
+const MAX_QUERY_LEN: usize = 2048;
+
+/// Shared state of the handlers.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// The broker.
+    pub broker: Arc<Broker>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Flips to true once start-up work is done.
+    pub ready: Arc<AtomicBool>,
+}
+
+/// The router.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/credentials", get(credentials))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
+        .with_state(state)
+}
+
+async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route = match req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+    {
+        Some("/v1/credentials") => "/v1/credentials",
+        Some("/healthz") => "/healthz",
+        Some("/readyz") => "/readyz",
+        Some("/metrics") => "/metrics",
+        _ => "other",
+    };
+    let response = next.run(req).await;
+    state
+        .metrics
+        .http_request(route, response.status().as_u16());
+    response
+}
+
+/// An error answered to the client.
+#[derive(Debug)]
+pub struct AppError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl AppError {
+    fn bad_request(message: impl Into<String>) -> AppError {
+        AppError {
+            status: StatusCode::BAD_REQUEST,
+            code: "invalid_request",
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"code": self.code, "message": self.message}});
+        let mut res = (self.status, axum::Json(body)).into_response();
+        res.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        res
+    }
+}
+
+impl From<BrokerError> for AppError {
+    fn from(e: BrokerError) -> AppError {
+        let kind = e.kind();
+        let status = match kind {
+            ErrorKind::NotConfigured => StatusCode::NOT_FOUND,
+            ErrorKind::IdentityMissing | ErrorKind::IdentityRejected => StatusCode::FORBIDDEN,
+            ErrorKind::Throttled | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::TimedOut => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::BadResponse => StatusCode::BAD_GATEWAY,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        // Provider messages are written to be safe for clients; the cause chain, which
+        // may quote upstream detail, goes only to the log (by the broker).
+        AppError {
+            status,
+            code: kind.code(),
+            message: e.to_string(),
+        }
+    }
+}
+
+async fn credentials(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, AppError> {
+    let query = query.unwrap_or_default();
+    if query.len() > MAX_QUERY_LEN {
+        return Err(AppError::bad_request(format!(
+            "query string longer than {MAX_QUERY_LEN} bytes"
+        )));
+    }
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(&query)
+        .map_err(|_| AppError::bad_request("malformed query string"))?;
+    let mut values = pairs
+        .iter()
+        .filter(|(k, _)| k == "registry")
+        .map(|(_, v)| v);
+    let raw = match (values.next(), values.next()) {
+        (Some(v), None) => v,
+        (None, _) => return Err(AppError::bad_request("missing query parameter `registry`")),
+        (Some(_), Some(_)) => {
+            return Err(AppError::bad_request(
+                "query parameter `registry` given more than once",
+            ));
+        }
+    };
+    let registry = Registry::parse(raw).map_err(|e| AppError {
+        status: StatusCode::BAD_REQUEST,
+        code: "invalid_registry",
+        message: e.to_string(),
+    })?;
+    let served = state.broker.credential(&registry).await?;
+    let expires = served
+        .credential
+        .expires_at()
+        .filter(|t| *t > state.broker.now())
+        .map(crate::rfc3339);
+    let body = json!({
+        "registry": served.registry.as_str(),
+        "username": served.credential.username(),
+        "password": served.credential.secret().expose_secret(),
+        "expiresAt": expires,
+        "provider": served.source,
+    });
+    let mut res = axum::Json(body).into_response();
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(res)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn not_found() -> AppError {
+    AppError {
+        status: StatusCode::NOT_FOUND,
+        code: "not_found",
+        message: "no such endpoint; try GET /v1/credentials?registry=HOST".into(),
+    }
+}
+
+/// Where to listen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listen {
+    /// A TCP address (loopback by default).
+    Tcp(SocketAddr),
+    /// A unix socket path.
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Listen, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path, e.g. unix:/run/regbroker/sock".into());
+            }
+            return Ok(Listen::Unix(PathBuf::from(path)));
+        }
+        s.parse::<SocketAddr>().map(Listen::Tcp).map_err(|_| {
+            format!("`{s}` is neither HOST:PORT (an IP address and port) nor unix:PATH")
+        })
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Tcp(a) => write!(f, "{a}"),
+            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// A bound listener.
+#[derive(Debug)]
+pub enum Bound {
+    /// TCP.
+    Tcp(tokio::net::TcpListener),
+    /// Unix socket.
+    Unix(tokio::net::UnixListener, PathBuf),
+}
+
+impl Bound {
+    /// Binds `listen`. A unix socket gets mode 0600; a stale socket file is replaced.
+    pub async fn bind(listen: &Listen) -> std::io::Result<Bound> {
+        match listen {
+            Listen::Tcp(addr) => Ok(Bound::Tcp(tokio::net::TcpListener::bind(addr).await?)),
+            Listen::Unix(path) => {
+                use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+                if let Ok(meta) = std::fs::symlink_metadata(path) {
+                    if meta.file_type().is_socket() {
+                        std::fs::remove_file(path)?;
+                    } else {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::AlreadyExists,
+                            format!("{} exists and is not a socket", path.display()),
+                        ));
+                    }
+                }
+                let listener = tokio::net::UnixListener::bind(path)?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                Ok(Bound::Unix(listener, path.clone()))
+            }
+        }
+    }
+
+    /// What was bound, with the real port for `:0`.
+    pub fn local(&self) -> String {
+        match self {
+            Bound::Tcp(l) => l
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "?".into()),
+            Bound::Unix(_, p) => format!("unix:{}", p.display()),
+        }
+    }
+
+    /// Serves `app` until `shutdown` completes, then finishes in-flight requests.
+    pub async fn serve(
+        self,
+        app: Router,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        match self {
+            Bound::Tcp(l) => axum::serve(l, app).with_graceful_shutdown(shutdown).await,
+            Bound::Unix(l, path) => {
+                let r = axum::serve(l, app).with_graceful_shutdown(shutdown).await;
+                let _ = std::fs::remove_file(path);
+                r
+            }
+        }
+    }
+}
