@@ -1,0 +1,272 @@
+//! The `regbroker` binary: flags, exit codes, the README's run command.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
+
+fn example(name: &str) -> String {
+    format!("{}/examples/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn regbroker(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("REGBROKER_CONFIG")
+        .env_remove("REGBROKER_DOCKER_CONFIG")
+        .env_remove("REGBROKER_LISTEN")
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn version_prints_the_crate_version() {
+    let out = regbroker(&["--version"]);
+    assert!(out.status.success());
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("regbroker {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn resolve_explains_and_redacts_by_default() {
+    let dc = example("dockerconfig.json");
+    let cfg = example("regbroker.toml");
+    let out = regbroker(&[
+        "resolve",
+        "https://registry.example.com/v2/",
+        "--docker-config",
+        &dc,
+        "--config",
+        &cfg,
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("registry:  registry.example.com"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("source:    static"), "{stdout}");
+    assert!(stdout.contains("username:  demo-user"), "{stdout}");
+    assert!(stdout.contains("<redacted"), "{stdout}");
+    assert!(!stdout.contains("demo-password"), "{stdout}");
+
+    let out = regbroker(&[
+        "resolve",
+        "registry.example.com",
+        "--docker-config",
+        &dc,
+        "--show-secret",
+    ]);
+    assert!(text(&out.stdout).contains("password:  demo-password"));
+}
+
+#[test]
+fn resolve_names_the_rule_that_disables_login() {
+    let cfg = example("regbroker.toml");
+    let out = regbroker(&[
+        "resolve",
+        "zot.registry.svc.cluster.local:5000",
+        "--config",
+        &cfg,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("rule 1"), "{stdout}");
+    assert!(
+        text(&out.stderr).contains("no credential"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn resolve_unknown_registry_fails_with_exit_1() {
+    let out = regbroker(&["resolve", "unknown.example.com"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("no credential"));
+    let out = regbroker(&["resolve", "user:pw@unknown.example.com"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("userinfo"));
+    assert!(!text(&out.stderr).contains("pw@"));
+}
+
+#[test]
+fn docker_config_env_takes_a_comma_separated_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.json");
+    std::fs::write(
+        &a,
+        r#"{"auths": {"a.example.com": {"username": "ua", "password": "pa"}}}"#,
+    )
+    .unwrap();
+    let b = dir.path().join("b.json");
+    std::fs::write(
+        &b,
+        r#"{"auths": {"b.example.com": {"username": "ub", "password": "pb"}}}"#,
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .args(["resolve", "b.example.com"])
+        .env(
+            "REGBROKER_DOCKER_CONFIG",
+            format!("{},{}", a.display(), b.display()),
+        )
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("username:  ub"));
+}
+
+#[test]
+fn invalid_configuration_exits_64_naming_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("bad.toml");
+    std::fs::write(
+        &cfg,
+        "# comment\n[[rule]]\nmatch = \"a.example.com\"\nsource = \"awz\"\n",
+    )
+    .unwrap();
+    let out = regbroker(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(cfg.to_str().unwrap()), "{stderr}");
+    assert!(stderr.contains("line 3"), "{stderr}");
+
+    let dc = dir.path().join("broken.json");
+    std::fs::write(&dc, "{ nope").unwrap();
+    let out = regbroker(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--docker-config",
+        dc.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out.stderr).contains("broken.json"));
+
+    let out = regbroker(&["serve", "--docker-config", "/nonexistent/config.json"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out.stderr).contains("/nonexistent/config.json"));
+
+    let out = regbroker(&["serve", "--listen", "localhost:http"]);
+    assert_eq!(out.status.code(), Some(64));
+    let out = regbroker(&["serve", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(64));
+}
+
+/// The README's run command, then the README's curl, then SIGTERM.
+#[test]
+fn serve_readme_example_answers_and_stops_on_sigterm() {
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            &example("regbroker.toml"),
+            "--docker-config",
+            &example("dockerconfig.json"),
+        ])
+        .env("REGBROKER_LOG_FORMAT", "json")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines
+            .next()
+            .expect("regbroker exited before listening")
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        if v["message"] == "Listening" {
+            break v["listen"].as_str().unwrap().to_string();
+        }
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let body: serde_json::Value = rt.block_on(async {
+        let url = format!("http://{addr}/v1/credentials?registry=registry.example.com");
+        let res = reqwest::get(url).await.unwrap();
+        assert_eq!(res.status().as_u16(), 200);
+        assert_eq!(res.headers()["cache-control"], "no-store");
+        res.json().await.unwrap()
+    });
+    assert_eq!(body["username"], "demo-user");
+    assert_eq!(body["password"], "demo-password");
+    assert_eq!(body["provider"], "static");
+
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit status after SIGTERM: {status}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "regbroker did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(rest.iter().any(|l| l.contains("Stopped")), "{rest:?}");
+}
+
+#[test]
+fn unix_socket_listener_has_mode_0600() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("regbroker.sock");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", &format!("unix:{}", sock.display())])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !sock.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "socket never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // It answers HTTP over the socket.
+    let mut stream = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    use std::io::{Read, Write};
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut resp = String::new();
+    stream.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    assert!(!sock.exists(), "socket file left behind");
+}

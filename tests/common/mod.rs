@@ -1,0 +1,262 @@
+//! Shared test harness: a counting fake provider and an in-process server on
+//! `127.0.0.1:0`.
+//!
+//! The fake provider stands in for a cloud token service, which cannot run here; it is
+//! only used by tests of the broker's own behaviour (routing, precedence, caching,
+//! status mapping). Providers are tested against their own peers in their crates.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use regbroker::broker::Broker;
+use regbroker::metrics::Metrics;
+use regbroker::providers::Providers;
+use regbroker::server::{self, AppState, Bound, Listen};
+use regbroker::static_secret;
+use regbroker_provider::{
+    BoxFuture, Credential, Error, ManualClock, Options, Provider, Registry, SharedClock, Target,
+};
+
+/// What the fake provider answers on its next calls.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// A credential living this long from "now" (by the shared clock); `None`: no expiry.
+    Credential(Option<Duration>),
+    /// An error of this kind.
+    Fail(fn(String) -> Error),
+}
+
+/// A provider that recognises hosts ending in `.fake.test`, counts its fetches and hands
+/// out `fake-secret-N` (N = call number), optionally waiting on a gate first.
+#[derive(Debug)]
+pub struct FakeProvider {
+    pub calls: AtomicUsize,
+    answers: Mutex<VecDeque<Answer>>,
+    default: Answer,
+    clock: SharedClock,
+    gate: tokio::sync::Semaphore,
+    gated: AtomicBool,
+    delay: Mutex<Duration>,
+}
+
+impl FakeProvider {
+    pub fn new(clock: SharedClock) -> Arc<FakeProvider> {
+        Arc::new(FakeProvider {
+            calls: AtomicUsize::new(0),
+            answers: Mutex::new(VecDeque::new()),
+            default: Answer::Credential(Some(Duration::from_secs(3600))),
+            clock,
+            gate: tokio::sync::Semaphore::new(0),
+            gated: AtomicBool::new(false),
+            delay: Mutex::new(Duration::ZERO),
+        })
+    }
+
+    /// Queue answers for the next calls; after they run out, the default applies.
+    pub fn then(&self, answer: Answer) -> &Self {
+        self.answers.lock().unwrap().push_back(answer);
+        self
+    }
+
+    /// Make every fetch wait until `open` is called.
+    pub fn close_gate(&self) {
+        self.gated.store(true, Ordering::SeqCst);
+    }
+
+    pub fn open_gate(&self) {
+        self.gated.store(false, Ordering::SeqCst);
+        self.gate.add_permits(10_000);
+    }
+
+    /// Make every fetch take this long (real time).
+    pub fn set_delay(&self, d: Duration) {
+        *self.delay.lock().unwrap() = d;
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    async fn fetch_inner(&self, _target: &Target) -> Result<Credential, Error> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.gated.load(Ordering::SeqCst) {
+            let _ = self.gate.acquire().await.unwrap();
+        }
+        let delay = *self.delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let answer = self
+            .answers
+            .lock()
+            .unwrap()
+            .pop_front()
+            .unwrap_or(self.default.clone());
+        match answer {
+            Answer::Credential(life) => Ok(Credential::new(
+                "fake-user",
+                format!("fake-secret-{n}"),
+                life.map(|d| self.clock.now() + d),
+            )),
+            Answer::Fail(make) => Err(make(format!("fake upstream failure on call {n}"))),
+        }
+    }
+}
+
+impl Provider for FakeProvider {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn recognise(&self, registry: &Registry) -> Option<Target> {
+        (registry.port().is_none() && registry.host().ends_with(".fake.test"))
+            .then(|| Target::new(registry.clone(), "fake-identity"))
+    }
+
+    fn check_options(&self, options: &Options) -> Result<(), String> {
+        regbroker_provider::check_known_options("fake", options, &["scope"])
+    }
+
+    fn target(&self, registry: &Registry, options: &Options) -> Result<Target, Error> {
+        let scope = options
+            .get("scope")
+            .cloned()
+            .unwrap_or_else(|| "fake-identity".into());
+        Ok(Target::new(registry.clone(), scope))
+    }
+
+    fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
+        Box::pin(self.fetch_inner(target))
+    }
+}
+
+/// A test server and everything behind it.
+pub struct TestServer {
+    pub base: String,
+    pub clock: ManualClock,
+    pub fake: Arc<FakeProvider>,
+    pub broker: Arc<Broker>,
+    pub statics: Arc<static_secret::Store>,
+    pub metrics: Arc<Metrics>,
+    pub client: reqwest::Client,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    pub task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+/// Builds a test server.
+#[derive(Default)]
+pub struct TestServerBuilder {
+    docker_configs: Vec<PathBuf>,
+    config_toml: String,
+}
+
+impl TestServerBuilder {
+    pub fn docker_config(mut self, path: impl Into<PathBuf>) -> Self {
+        self.docker_configs.push(path.into());
+        self
+    }
+
+    pub fn config(mut self, toml: &str) -> Self {
+        self.config_toml = toml.to_string();
+        self
+    }
+
+    pub async fn start(self) -> TestServer {
+        let clock = ManualClock::fixed();
+        let shared: SharedClock = Arc::new(clock.clone());
+        let fake = FakeProvider::new(shared.clone());
+        let providers = Providers::new(vec![fake.clone() as Arc<dyn Provider>]);
+        let config = regbroker::config::parse(&self.config_toml, &providers).expect("test config");
+        let metrics = Arc::new(Metrics::new());
+        let statics =
+            Arc::new(static_secret::Store::open(self.docker_configs, metrics.clone()).unwrap());
+        let broker = Arc::new(Broker::new(
+            statics.clone(),
+            config.router,
+            providers,
+            config.cache,
+            metrics.clone(),
+            shared,
+        ));
+        let bound = Bound::bind(&Listen::Tcp("127.0.0.1:0".parse().unwrap()))
+            .await
+            .unwrap();
+        let base = format!("http://{}", bound.local());
+        let app = server::app(AppState {
+            broker: broker.clone(),
+            metrics: metrics.clone(),
+            ready: Arc::new(AtomicBool::new(true)),
+        });
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(bound.serve(app, async move {
+            let _ = rx.await;
+        }));
+        TestServer {
+            base,
+            clock,
+            fake,
+            broker,
+            statics,
+            metrics,
+            client: reqwest::Client::new(),
+            shutdown: Some(tx),
+            task: Some(task),
+        }
+    }
+}
+
+impl TestServer {
+    pub fn builder() -> TestServerBuilder {
+        TestServerBuilder::default()
+    }
+
+    /// GET /v1/credentials?registry=...; returns status and JSON body.
+    pub async fn credentials(&self, registry: &str) -> (u16, serde_json::Value) {
+        let res = self
+            .client
+            .get(format!("{}/v1/credentials", self.base))
+            .query(&[("registry", registry)])
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let body = res.json().await.unwrap();
+        (status, body)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let res = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        (res.status().as_u16(), res.text().await.unwrap())
+    }
+
+    /// Starts graceful shutdown.
+    pub fn shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// Writes a docker config with `username`/`password` entries.
+pub fn docker_config(entries: &[(&str, &str, &str)]) -> String {
+    let auths: serde_json::Map<String, serde_json::Value> = entries
+        .iter()
+        .map(|(host, user, pass)| {
+            (
+                host.to_string(),
+                serde_json::json!({"username": user, "password": pass}),
+            )
+        })
+        .collect();
+    serde_json::json!({ "auths": auths }).to_string()
+}

@@ -1,0 +1,116 @@
+//! Static secrets reload when Kubernetes swaps a mounted Secret's `..data` symlink.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{TestServer, docker_config};
+
+/// Lays out a directory the way the kubelet mounts a Secret:
+/// `dir/..<ts>/.dockerconfigjson`, `dir/..data -> ..<ts>`,
+/// `dir/.dockerconfigjson -> ..data/.dockerconfigjson`.
+fn write_secret_version(dir: &Path, version: &str, contents: &str) {
+    let ts = dir.join(format!("..{version}"));
+    std::fs::create_dir(&ts).unwrap();
+    std::fs::write(ts.join(".dockerconfigjson"), contents).unwrap();
+    // Atomic swap, as the kubelet does it: a new symlink renamed over ..data.
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(format!("..{version}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    let key = dir.join(".dockerconfigjson");
+    if std::fs::symlink_metadata(&key).is_err() {
+        std::os::unix::fs::symlink("..data/.dockerconfigjson", &key).unwrap();
+    }
+}
+
+async fn wait_for(mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn data_symlink_swap_reloads_and_a_broken_version_keeps_the_last_good() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::create_dir(&secret).unwrap();
+    write_secret_version(
+        &secret,
+        "v1",
+        &docker_config(&[("r.example.com", "u", "password-v1")]),
+    );
+
+    let srv = TestServer::builder().docker_config(&secret).start().await;
+    let _watcher = regbroker::static_secret::watch(srv.statics.clone()).unwrap();
+    assert_eq!(
+        srv.credentials("r.example.com").await.1["password"],
+        "password-v1"
+    );
+
+    write_secret_version(
+        &secret,
+        "v2",
+        &docker_config(&[("r.example.com", "u", "password-v2")]),
+    );
+    assert!(
+        wait_for(async || srv.credentials("r.example.com").await.1["password"] == "password-v2")
+            .await,
+        "the new Secret version was not picked up"
+    );
+
+    // A broken version: the last good one stays, the failure is counted.
+    write_secret_version(&secret, "v3", "{ not json");
+    assert!(
+        wait_for(async || srv
+            .get("/metrics")
+            .await
+            .1
+            .contains(r#"regbroker_static_reloads_total{result="error"} 1"#))
+        .await,
+        "the failed reload was not counted"
+    );
+    let (status, body) = srv.credentials("r.example.com").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["password"], "password-v2");
+
+    // And it recovers when a good version arrives.
+    write_secret_version(
+        &secret,
+        "v4",
+        &docker_config(&[("r2.example.com", "u", "password-v4")]),
+    );
+    assert!(wait_for(async || srv.credentials("r2.example.com").await.0 == 200).await);
+    assert_eq!(
+        srv.credentials("r.example.com").await.0,
+        404,
+        "entries removed from the Secret are gone"
+    );
+}
+
+#[tokio::test]
+async fn plain_file_rewritten_in_place_or_replaced_is_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.json");
+    std::fs::write(&file, docker_config(&[("r.example.com", "u", "one")])).unwrap();
+    let srv = TestServer::builder().docker_config(&file).start().await;
+    let _watcher = regbroker::static_secret::watch(srv.statics.clone()).unwrap();
+
+    std::fs::write(&file, docker_config(&[("r.example.com", "u", "two")])).unwrap();
+    assert!(wait_for(async || srv.credentials("r.example.com").await.1["password"] == "two").await);
+
+    // Replaced by rename, as editors and config management do.
+    let tmp = dir.path().join("config.json.tmp");
+    std::fs::write(&tmp, docker_config(&[("r.example.com", "u", "three")])).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    assert!(
+        wait_for(async || srv.credentials("r.example.com").await.1["password"] == "three").await
+    );
+}
