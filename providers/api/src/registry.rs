@@ -375,7 +375,8 @@ mod tests {
     fn hostile_inputs_are_rejected_with_a_reason() {
         let long_label = format!("{}.com", "a".repeat(64));
         let long_host = format!("{}.com", ["abcdefghi"; 26].join("."));
-        let cases: Vec<(&str, fn(&ParseError) -> bool)> = vec![
+        type Check = fn(&ParseError) -> bool;
+        let cases: Vec<(&str, Check)> = vec![
             ("", |e| *e == ParseError::Empty),
             (" example.com", |e| *e == ParseError::WhitespaceOrControl),
             ("example.com\n", |e| *e == ParseError::WhitespaceOrControl),
