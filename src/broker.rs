@@ -128,6 +128,17 @@ impl Broker {
         }
     }
 
+    /// Also keeps fetched credentials in `persist` (the one-shot modes' disk cache).
+    pub fn with_persist(mut self, persist: Arc<dyn cache::Persist>) -> Broker {
+        self.cache = self.cache.with_persist(persist);
+        self
+    }
+
+    /// The routing rules.
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
     /// Decides which source serves `registry`, without fetching.
     pub fn decide(&self, registry: &Registry) -> Decision {
         if let Some(c) = self.statics.snapshot().get(registry) {

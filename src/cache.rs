@@ -167,6 +167,15 @@ impl Outcome {
     }
 }
 
+/// A second-level store that outlives the process, for one-shot modes (the docker
+/// credential helper and the kubelet provider run once per request).
+pub trait Persist: Send + Sync + std::fmt::Debug {
+    /// The stored entry for `key`, if any. Errors are logged and read as "none".
+    fn load(&self, key: &Key) -> Option<Entry>;
+    /// Stores `entry` for `key`. Errors are logged, never fatal.
+    fn store(&self, key: &Key, entry: &Entry);
+}
+
 type FetchResult = Result<Arc<Entry>, Arc<Error>>;
 type InFlight = Shared<BoxFuture<'static, FetchResult>>;
 
@@ -178,6 +187,7 @@ pub struct Cache {
     fetch_permits: Arc<Semaphore>,
     config: Arc<Config>,
     clock: SharedClock,
+    persist: Option<Arc<dyn Persist>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -238,7 +248,32 @@ impl Cache {
             fetch_permits: Arc::new(Semaphore::new(config.max_concurrent_fetches)),
             config: Arc::new(config),
             clock,
+            persist: None,
         }
+    }
+
+    /// Also keeps entries in `persist`, and looks there before fetching.
+    pub fn with_persist(mut self, persist: Arc<dyn Persist>) -> Cache {
+        self.persist = Some(persist);
+        self
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    async fn lookup(&self, key: &Key) -> Option<Arc<Entry>> {
+        if let Some(e) = self.entries.get(key).await {
+            return Some(e);
+        }
+        let persist = self.persist.as_ref()?;
+        let entry = Arc::new(persist.load(key)?);
+        if self.clock.now() >= entry.lifetime.stale_at {
+            return None;
+        }
+        self.entries.insert(key.clone(), entry.clone()).await;
+        Some(entry)
     }
 
     /// Returns a servable credential for `key`, calling `fetch` only when none is cached
@@ -251,7 +286,7 @@ impl Cache {
     where
         F: FnOnce() -> BoxFuture<'static, Result<Credential, Error>>,
     {
-        let cached = self.entries.get(key).await;
+        let cached = self.lookup(key).await;
         let now = self.clock.now();
         if let Some(entry) = cached.as_ref().filter(|e| now < e.lifetime.refresh_at) {
             return Ok((entry.credential.clone(), Outcome::Hit));
@@ -322,6 +357,9 @@ impl Cache {
                         lifetime,
                     });
                     this.entries.insert(key.clone(), entry.clone()).await;
+                    if let Some(p) = &this.persist {
+                        p.store(&key, &entry);
+                    }
                     Ok(entry)
                 }
                 Err(e) => Err(Arc::new(e)),

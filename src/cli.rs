@@ -10,12 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use regbroker_provider::{ExposeSecret, Registry, system_clock};
+use regbroker_provider::{ExposeSecret, Registry};
 
-use crate::broker::{Broker, Reason, Route};
-use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::providers::Providers;
+use crate::backend::{Built, Settings};
+use crate::broker::{Reason, Route};
 use crate::server::{self, Bound, Listen};
 use crate::static_secret;
 
@@ -48,6 +46,23 @@ enum Command {
     Serve(ServeArgs),
     /// Say which rule and source serve a registry, and fetch its credential once.
     Resolve(ResolveArgs),
+    /// Speak the docker credential-helper protocol (as `docker-credential-regbroker`).
+    /// Settings come from the environment: REGBROKER_ENDPOINT, or REGBROKER_CONFIG,
+    /// REGBROKER_DOCKER_CONFIG and REGBROKER_CACHE_DIR.
+    CredentialHelper(HelperArgs),
+    /// Speak the kubelet image credential provider protocol (credentialprovider.kubelet.k8s.io/v1).
+    /// Settings come from the environment, as for credential-helper.
+    KubeletCredentialProvider,
+}
+
+#[derive(Debug, Args)]
+struct HelperArgs {
+    /// A running sidecar: http://HOST:PORT or unix:PATH (default: an in-process broker).
+    #[arg(long, env = "REGBROKER_ENDPOINT")]
+    endpoint: Option<String>,
+
+    /// get, store, erase, list or version.
+    action: String,
 }
 
 /// Settings shared by every mode.
@@ -78,8 +93,21 @@ struct ServeArgs {
     #[arg(long, env = "REGBROKER_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
 
+    /// Keep a docker config.json at PATH with fresh credentials for every registry with a
+    /// static entry or an exact provider rule (mode 0600, atomic writes).
+    #[arg(long, env = "REGBROKER_WRITE_DOCKER_CONFIG", value_name = "PATH")]
+    write_docker_config: Option<PathBuf>,
+
+    /// Also write this registry to the docker config file; repeatable (env: comma-separated).
+    #[arg(long = "sink-registry", env = "REGBROKER_SINK_REGISTRY", value_name = "REGISTRY", value_delimiter = ',', requires = "write_docker_config", value_parser = parse_registry)]
+    sink_registry: Vec<Registry>,
+
     #[command(flatten)]
     sources: Sources,
+}
+
+fn parse_registry(s: &str) -> Result<Registry, String> {
+    Registry::parse(s).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Args)]
@@ -97,6 +125,22 @@ struct ResolveArgs {
 
 /// Runs the command line and returns the process exit code.
 pub fn main() -> ExitCode {
+    // Invoked as docker-credential-regbroker (a symlink or copy): helper mode.
+    let mut args = std::env::args_os();
+    let argv0 = args.next().unwrap_or_default();
+    let invoked_as = std::path::Path::new(&argv0)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if invoked_as.starts_with("docker-credential-") {
+        init_tracing(LogFormat::Text, "warn");
+        let action = args
+            .next()
+            .map(|a| a.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        return helper_mode(&action, None);
+    }
+
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -110,9 +154,22 @@ pub fn main() -> ExitCode {
     };
     let default_level = match cli.command {
         Command::Serve(_) => "info",
-        Command::Resolve(_) => "warn",
+        _ => "warn",
     };
     init_tracing(cli.log_format, default_level);
+    let command = match cli.command {
+        Command::CredentialHelper(args) => return helper_mode(&args.action, args.endpoint),
+        Command::KubeletCredentialProvider => {
+            let code = crate::kubelet::run(
+                || Settings::from_env(|k| std::env::var(k).ok()),
+                &mut std::io::stdin().lock(),
+                &mut std::io::stdout().lock(),
+                &mut std::io::stderr().lock(),
+            );
+            return ExitCode::from(code);
+        }
+        other => other,
+    };
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -125,9 +182,10 @@ pub fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
+        match command {
             Command::Serve(args) => serve(args).await,
             Command::Resolve(args) => resolve(args).await,
+            Command::CredentialHelper(_) | Command::KubeletCredentialProvider => Ok(()),
         }
     });
     match result {
@@ -143,6 +201,23 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn helper_mode(action: &str, endpoint: Option<String>) -> ExitCode {
+    let settings = move || {
+        let mut s = Settings::from_env(|k| std::env::var(k).ok())?;
+        if let Some(e) = endpoint.filter(|e| !e.is_empty()) {
+            s.endpoint = Some(e.parse().map_err(|e| format!("--endpoint: {e}"))?);
+        }
+        Ok(s)
+    };
+    let code = crate::helper::run(
+        action,
+        settings,
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+    );
+    ExitCode::from(code)
 }
 
 fn init_tracing(format: LogFormat, default_level: &str) {
@@ -163,39 +238,9 @@ enum Failure {
     Runtime(String),
 }
 
-/// What every mode builds before it serves anything.
-struct Core {
-    broker: Arc<Broker>,
-    statics: Arc<static_secret::Store>,
-    metrics: Arc<Metrics>,
-}
-
-fn build_core(sources: &Sources) -> Result<Core, Failure> {
-    let providers = Providers::builtin();
-    let config = match &sources.config {
-        Some(path) => {
-            crate::config::load(path, &providers).map_err(|e| Failure::Config(e.to_string()))?
-        }
-        None => Config::default(),
-    };
-    let metrics = Arc::new(Metrics::new());
-    let statics = Arc::new(
-        static_secret::Store::open(sources.docker_config.clone(), metrics.clone())
-            .map_err(|e| Failure::Config(e.to_string()))?,
-    );
-    let broker = Arc::new(Broker::new(
-        statics.clone(),
-        config.router,
-        providers,
-        config.cache,
-        metrics.clone(),
-        system_clock(),
-    ));
-    Ok(Core {
-        broker,
-        statics,
-        metrics,
-    })
+fn build_core(sources: &Sources) -> Result<Built, Failure> {
+    crate::backend::build_broker(sources.config.as_ref(), &sources.docker_config)
+        .map_err(Failure::Config)
 }
 
 async fn serve(args: ServeArgs) -> Result<(), Failure> {
@@ -209,6 +254,24 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         Some(static_secret::watch(core.statics.clone()).map_err(|e| {
             Failure::Runtime(format!("cannot watch static credential sources: {e}"))
         })?)
+    };
+    let _sink = match args.write_docker_config {
+        None => None,
+        Some(path) => {
+            let config = crate::sink::Config {
+                path,
+                extra: args.sink_registry,
+            };
+            let sink = crate::sink::Sink::start(core.broker.clone(), config.clone())
+                .await
+                .map_err(|e| {
+                    Failure::Runtime(format!(
+                        "cannot write docker config {}: {e}",
+                        config.path.display()
+                    ))
+                })?;
+            Some(AbortOnDrop(tokio::spawn(sink.run())))
+        }
     };
     let ready = Arc::new(AtomicBool::new(false));
     let app = server::app(server::AppState {
@@ -242,6 +305,14 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
             tracing::warn!("Grace period over; dropping remaining connections");
             Ok(())
         }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

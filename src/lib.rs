@@ -14,14 +14,19 @@
 
 #![forbid(unsafe_code)]
 
+pub mod backend;
 pub mod broker;
 pub mod cache;
 pub mod cli;
 pub mod config;
+pub mod disk_cache;
+pub mod helper;
+pub mod kubelet;
 pub mod metrics;
 pub mod providers;
 pub mod routing;
 pub mod server;
+pub mod sink;
 pub mod static_secret;
 
 pub use regbroker_provider as provider;

@@ -1,0 +1,360 @@
+//! Where the one-shot modes (docker credential helper, kubelet credential provider) get
+//! credentials: a running sidecar, or an in-process broker.
+//!
+//! A helper gets no flags from the client that runs it, so both read the environment:
+//! - `REGBROKER_ENDPOINT`: `http://127.0.0.1:PORT` or `unix:/path/to/socket` of a running
+//!   `regbroker serve`. When set, the sidecar is asked.
+//! - otherwise an in-process broker built from `REGBROKER_CONFIG`,
+//!   `REGBROKER_DOCKER_CONFIG` (comma-separated) and the clouds' own variables, with the
+//!   optional disk cache `REGBROKER_CACHE_DIR` (see [`crate::disk_cache`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http_body_util::BodyExt;
+use regbroker_provider::{Credential, Registry, SecretString, system_clock};
+
+use crate::broker::{Broker, BrokerError};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::providers::Providers;
+use crate::static_secret;
+
+/// Env var naming a running sidecar.
+pub const ENDPOINT_ENV: &str = "REGBROKER_ENDPOINT";
+
+/// How long to wait for a sidecar's answer.
+const SIDECAR_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest sidecar answer read.
+const MAX_RESPONSE_BYTES: usize = 64 * 1024;
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// A credential.
+    Found(Credential),
+    /// Nothing serves this registry: the client should go anonymous.
+    NotFound,
+}
+
+/// A running sidecar's address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `http://HOST:PORT` (loopback, normally).
+    Http(String),
+    /// `unix:/path`.
+    Unix(PathBuf),
+}
+
+impl std::str::FromStr for Endpoint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Endpoint, String> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return Err("unix: needs a socket path".into());
+            }
+            return Ok(Endpoint::Unix(PathBuf::from(p)));
+        }
+        let authority = s
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("endpoint `{s}` must be http://HOST:PORT or unix:PATH"))?
+            .trim_end_matches('/');
+        if authority.is_empty() || authority.contains(['/', '@', '?', '#']) {
+            return Err(format!(
+                "endpoint `{s}` must be http://HOST:PORT or unix:PATH"
+            ));
+        }
+        Ok(Endpoint::Http(authority.to_string()))
+    }
+}
+
+/// A source of credentials for one-shot modes.
+#[derive(Debug)]
+pub enum Backend {
+    /// Ask a running sidecar.
+    Sidecar(Endpoint),
+    /// Run the broker in this process.
+    InProcess(Arc<Broker>),
+}
+
+/// Settings for [`Backend::from_env`], read from the environment by default.
+#[derive(Debug, Default, Clone)]
+pub struct Settings {
+    /// A running sidecar, if any.
+    pub endpoint: Option<Endpoint>,
+    /// Config file.
+    pub config: Option<PathBuf>,
+    /// Docker config sources.
+    pub docker_config: Vec<PathBuf>,
+    /// Disk cache directory.
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Settings {
+    /// Reads `REGBROKER_ENDPOINT`, `REGBROKER_CONFIG`, `REGBROKER_DOCKER_CONFIG` and
+    /// `REGBROKER_CACHE_DIR` through `var` (the process env in production).
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Settings, String> {
+        let nonempty = |k: &str| var(k).filter(|v| !v.is_empty());
+        Ok(Settings {
+            endpoint: nonempty(ENDPOINT_ENV)
+                .map(|s| s.parse())
+                .transpose()
+                .map_err(|e| format!("{ENDPOINT_ENV}: {e}"))?,
+            config: nonempty("REGBROKER_CONFIG").map(PathBuf::from),
+            docker_config: nonempty("REGBROKER_DOCKER_CONFIG")
+                .map(|s| {
+                    s.split(',')
+                        .filter(|p| !p.is_empty())
+                        .map(PathBuf::from)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            cache_dir: nonempty(crate::disk_cache::ENV).map(PathBuf::from),
+        })
+    }
+}
+
+/// The in-process broker and the pieces the sidecar also needs.
+#[derive(Debug)]
+pub struct Built {
+    /// The broker.
+    pub broker: Arc<Broker>,
+    /// Its static credentials.
+    pub statics: Arc<static_secret::Store>,
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Builds the in-process broker shared by every mode. Errors are configuration errors,
+/// naming the file.
+pub fn build_broker(config: Option<&PathBuf>, docker_config: &[PathBuf]) -> Result<Built, String> {
+    let providers = Providers::builtin();
+    let config = match config {
+        Some(path) => crate::config::load(path, &providers).map_err(|e| e.to_string())?,
+        None => Config::default(),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let statics = Arc::new(
+        static_secret::Store::open(docker_config.to_vec(), metrics.clone())
+            .map_err(|e| e.to_string())?,
+    );
+    let broker = Broker::new(
+        statics.clone(),
+        config.router,
+        providers,
+        config.cache,
+        metrics.clone(),
+        system_clock(),
+    );
+    Ok(Built {
+        broker: Arc::new(broker),
+        statics,
+        metrics,
+    })
+}
+
+impl Backend {
+    /// The backend `settings` ask for.
+    pub fn new(settings: &Settings) -> Result<Backend, String> {
+        if let Some(e) = &settings.endpoint {
+            return Ok(Backend::Sidecar(e.clone()));
+        }
+        let broker = build_broker(settings.config.as_ref(), &settings.docker_config)?.broker;
+        let broker = match &settings.cache_dir {
+            None => broker,
+            Some(dir) => {
+                let disk = crate::disk_cache::DiskCache::open(dir)
+                    .map_err(|e| format!("{}: {}: {e}", crate::disk_cache::ENV, dir.display()))?;
+                Arc::new(
+                    Arc::into_inner(broker)
+                        .ok_or("broker is shared")?
+                        .with_persist(Arc::new(disk)),
+                )
+            }
+        };
+        Ok(Backend::InProcess(broker))
+    }
+
+    /// Looks up `registry`. `Err` holds a one-line message without secrets.
+    pub async fn lookup(&self, registry: &Registry) -> Result<Lookup, String> {
+        match self {
+            Backend::InProcess(broker) => match broker.credential(registry).await {
+                Ok(served) => Ok(Lookup::Found(served.credential)),
+                Err(BrokerError::NotConfigured(_)) => Ok(Lookup::NotFound),
+                Err(e) => {
+                    if let BrokerError::Provider { error, .. } = &e {
+                        tracing::warn!(error = %error.chain(), "Credential lookup failed");
+                    }
+                    Err(e.to_string())
+                }
+            },
+            Backend::Sidecar(endpoint) => {
+                tokio::time::timeout(SIDECAR_TIMEOUT, ask_sidecar(endpoint, registry))
+                    .await
+                    .map_err(|_| {
+                        format!("regbroker sidecar did not answer within {SIDECAR_TIMEOUT:?}")
+                    })?
+            }
+        }
+    }
+
+    /// Now, by the backend's clock.
+    pub fn now(&self) -> SystemTime {
+        match self {
+            Backend::InProcess(b) => b.now(),
+            Backend::Sidecar(_) => regbroker_provider::Clock::now(&regbroker_provider::SystemClock),
+        }
+    }
+
+    /// Cache settings (the sidecar's are not known here: defaults).
+    pub fn cache_config(&self) -> crate::cache::Config {
+        match self {
+            Backend::InProcess(b) => b.cache().config().clone(),
+            Backend::Sidecar(_) => crate::cache::Config::default(),
+        }
+    }
+}
+
+async fn ask_sidecar(endpoint: &Endpoint, registry: &Registry) -> Result<Lookup, String> {
+    let path = format!(
+        "/v1/credentials?{}",
+        serde_urlencoded::to_string([("registry", registry.as_str())]).map_err(|e| e.to_string())?
+    );
+    let unreachable = |e: &dyn std::fmt::Display| {
+        format!(
+            "cannot reach the regbroker sidecar at {}: {e}",
+            show(endpoint)
+        )
+    };
+    let (status, body) = match endpoint {
+        Endpoint::Http(authority) => {
+            let stream = tokio::net::TcpStream::connect(authority)
+                .await
+                .map_err(|e| unreachable(&e))?;
+            http_get(stream, authority, &path)
+                .await
+                .map_err(|e| unreachable(&e))?
+        }
+        Endpoint::Unix(p) => {
+            let stream = tokio::net::UnixStream::connect(p)
+                .await
+                .map_err(|e| unreachable(&e))?;
+            http_get(stream, "localhost", &path)
+                .await
+                .map_err(|e| unreachable(&e))?
+        }
+    };
+    let json: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|_| format!("regbroker sidecar answered {status} with a body that is not JSON"))?;
+    match status {
+        200 => {
+            let field = |k: &str| {
+                json.get(k)
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("regbroker sidecar answer lacks `{k}`"))
+            };
+            let expires_at = json
+                .get("expiresAt")
+                .and_then(|v| v.as_str())
+                .and_then(|s| humantime::parse_rfc3339(s).ok());
+            Ok(Lookup::Found(Credential::new(
+                field("username")?,
+                SecretString::from(field("password")?),
+                expires_at,
+            )))
+        }
+        404 => Ok(Lookup::NotFound),
+        _ => {
+            let message = json["error"]["message"].as_str().unwrap_or("no message");
+            Err(format!("regbroker sidecar answered {status}: {message}"))
+        }
+    }
+}
+
+fn show(e: &Endpoint) -> String {
+    match e {
+        Endpoint::Http(a) => format!("http://{a}"),
+        Endpoint::Unix(p) => format!("unix:{}", p.display()),
+    }
+}
+
+async fn http_get<S>(
+    stream: S,
+    host: &str,
+    path: &str,
+) -> Result<(u16, Vec<u8>), Box<dyn std::error::Error + Send + Sync>>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    let conn = tokio::spawn(conn);
+    let req = hyper::Request::get(path)
+        .header(hyper::header::HOST, host)
+        .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    let res = sender.send_request(req).await?;
+    let status = res.status().as_u16();
+    let body = http_body_util::Limited::new(res.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await?
+        .to_bytes()
+        .to_vec();
+    conn.abort();
+    Ok((status, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn endpoint_forms() {
+        assert_eq!(
+            "http://127.0.0.1:8477".parse(),
+            Ok(Endpoint::Http("127.0.0.1:8477".into()))
+        );
+        assert_eq!(
+            "http://127.0.0.1:8477/".parse(),
+            Ok(Endpoint::Http("127.0.0.1:8477".into()))
+        );
+        assert_eq!(
+            "unix:/run/x.sock".parse(),
+            Ok(Endpoint::Unix("/run/x.sock".into()))
+        );
+        for bad in [
+            "127.0.0.1:8477",
+            "https://127.0.0.1:8477",
+            "unix:",
+            "http://",
+            "http://a@b:1",
+            "http://a:1/x",
+        ] {
+            assert!(bad.parse::<Endpoint>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn settings_from_env_map() {
+        let env: HashMap<&str, &str> = HashMap::from([
+            ("REGBROKER_ENDPOINT", "unix:/run/regbroker.sock"),
+            ("REGBROKER_DOCKER_CONFIG", "/a.json,/b"),
+            ("REGBROKER_CACHE_DIR", ""),
+        ]);
+        let s = Settings::from_env(|k| env.get(k).map(|v| v.to_string())).unwrap();
+        assert_eq!(
+            s.endpoint,
+            Some(Endpoint::Unix("/run/regbroker.sock".into()))
+        );
+        assert_eq!(
+            s.docker_config,
+            vec![PathBuf::from("/a.json"), PathBuf::from("/b")]
+        );
+        assert_eq!(s.cache_dir, None);
+        let bad =
+            Settings::from_env(|k| (k == "REGBROKER_ENDPOINT").then(|| "ftp://x".to_string()));
+        assert!(bad.unwrap_err().contains("REGBROKER_ENDPOINT"));
+    }
+}

@@ -1,0 +1,200 @@
+//! The kubelet image credential provider protocol (`credentialprovider.kubelet.k8s.io/v1`),
+//! as `regbroker kubelet-credential-provider`.
+//!
+//! The kubelet writes a `CredentialProviderRequest` to stdin (`image`, and with KEP-4412
+//! `serviceAccountToken` / `serviceAccountAnnotations`, accepted and unused here) and reads
+//! a `CredentialProviderResponse` from stdout: `cacheKeyType: Registry`, a `cacheDuration`
+//! (Go duration) from the credential's remaining usable life, and `auth` keyed by the
+//! registry, or an empty `auth` for images regbroker does not serve. A wrong apiVersion or
+//! kind, or malformed JSON, is an error on stderr with exit code 1.
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use regbroker_provider::{ExposeSecret, Registry};
+use serde::Deserialize;
+
+use crate::backend::{Backend, Lookup, Settings};
+use crate::cache;
+
+/// The API version spoken.
+pub const API_VERSION: &str = "credentialprovider.kubelet.k8s.io/v1";
+
+const MAX_INPUT: u64 = 1024 * 1024;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Request {
+    api_version: Option<String>,
+    kind: Option<String>,
+    image: Option<String>,
+}
+
+/// Formats a duration as Go's `time.Duration.String()` does for whole seconds:
+/// `0s`, `45s`, `1m30s`, `5h59m0s`.
+pub fn go_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    let (h, m, s) = (s / 3600, (s % 3600) / 60, s % 60);
+    if h > 0 {
+        format!("{h}h{m}m{s}s")
+    } else if m > 0 {
+        format!("{m}m{s}s")
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// Runs one request; returns the exit code.
+pub fn run(
+    settings: impl FnOnce() -> Result<Settings, String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
+    match respond(settings, stdin) {
+        Ok(body) => match writeln!(stdout, "{body}") {
+            Ok(()) => 0,
+            Err(e) => {
+                let _ = writeln!(stderr, "regbroker: cannot write the response: {e}");
+                1
+            }
+        },
+        Err(message) => {
+            let _ = writeln!(stderr, "regbroker: {message}");
+            1
+        }
+    }
+}
+
+fn respond(
+    settings: impl FnOnce() -> Result<Settings, String>,
+    stdin: &mut dyn Read,
+) -> Result<serde_json::Value, String> {
+    let mut buf = Vec::new();
+    stdin
+        .take(MAX_INPUT + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read the request from stdin: {e}"))?;
+    if buf.len() as u64 > MAX_INPUT {
+        return Err("request on stdin is too large".into());
+    }
+    let req: Request = serde_json::from_slice(&buf).map_err(|e| {
+        format!(
+            "request is not a CredentialProviderRequest (invalid JSON at line {} column {})",
+            e.line(),
+            e.column()
+        )
+    })?;
+    match req.api_version.as_deref() {
+        Some(API_VERSION) => {}
+        Some(other) => {
+            return Err(format!(
+                "unsupported apiVersion `{}` (this provider speaks {API_VERSION})",
+                other.chars().take(64).collect::<String>()
+            ));
+        }
+        None => {
+            return Err(format!(
+                "request has no apiVersion (expected {API_VERSION})"
+            ));
+        }
+    }
+    if req.kind.as_deref() != Some("CredentialProviderRequest") {
+        return Err("request kind must be CredentialProviderRequest".into());
+    }
+    let image = req
+        .image
+        .filter(|i| !i.is_empty())
+        .ok_or("request has no image")?;
+    let registry = Registry::parse(&image).map_err(|e| format!("image: {e}"))?;
+
+    let backend = Backend::new(&settings()?)?;
+    let config = backend.cache_config();
+    let mut response = serde_json::json!({
+        "apiVersion": API_VERSION,
+        "kind": "CredentialProviderResponse",
+        "cacheKeyType": "Registry",
+    });
+    match crate::helper::block_on(backend.lookup(&registry))?? {
+        Lookup::NotFound => {
+            // Nothing to offer: let the kubelet try other providers or go anonymous, and
+            // ask again after a short while in case configuration changes.
+            response["cacheDuration"] = go_duration(config.fallback_ttl).into();
+            response["auth"] = serde_json::json!({});
+        }
+        Lookup::Found(c) => {
+            let now = backend.now();
+            let life = cache::plan(&config, now, c.expires_at());
+            let usable = life.stale_at.duration_since(now).unwrap_or(Duration::ZERO);
+            response["cacheDuration"] = go_duration(usable).into();
+            response["auth"] = serde_json::json!({
+                registry.as_str(): {
+                    "username": c.username(),
+                    "password": c.secret().expose_secret(),
+                }
+            });
+        }
+    }
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        for (secs, want) in [
+            (0, "0s"),
+            (45, "45s"),
+            (90, "1m30s"),
+            (3600, "1h0m0s"),
+            (21540, "5h59m0s"),
+            (43170, "11h59m30s"),
+        ] {
+            assert_eq!(go_duration(Duration::from_secs(secs)), want);
+        }
+    }
+
+    fn run_with(input: &str, settings: Settings) -> (u8, String, String) {
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let code = run(|| Ok(settings), &mut input.as_bytes(), &mut out, &mut err);
+        (
+            code,
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        )
+    }
+
+    #[test]
+    fn wrong_api_version_kind_or_json_is_rejected_on_stderr() {
+        for (input, needle) in [
+            (
+                r#"{"apiVersion":"credentialprovider.kubelet.k8s.io/v1alpha1","kind":"CredentialProviderRequest","image":"a.example.com/x"}"#,
+                "unsupported apiVersion",
+            ),
+            (
+                r#"{"kind":"CredentialProviderRequest","image":"a.example.com/x"}"#,
+                "no apiVersion",
+            ),
+            (
+                r#"{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"Pod","image":"a.example.com/x"}"#,
+                "kind",
+            ),
+            (
+                r#"{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"CredentialProviderRequest"}"#,
+                "no image",
+            ),
+            (
+                r#"{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"CredentialProviderRequest","image":"u:p@a.example.com/x"}"#,
+                "userinfo",
+            ),
+            ("not json", "invalid JSON"),
+        ] {
+            let (code, out, err) = run_with(input, Settings::default());
+            assert_eq!(code, 1, "{input}");
+            assert!(out.is_empty(), "{out}");
+            assert!(err.contains(needle), "{input}: {err}");
+        }
+    }
+}
