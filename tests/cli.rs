@@ -2,9 +2,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use common::ServeProcess;
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 
@@ -172,37 +175,24 @@ fn invalid_configuration_exits_64_naming_file_and_line() {
 /// The README's run command, then the README's curl, then SIGTERM.
 #[test]
 fn serve_readme_example_answers_and_stops_on_sigterm() {
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
+    let mut srv = ServeProcess::start(
+        &[
             "--config",
             &example("regbroker.toml"),
             "--docker-config",
             &example("dockerconfig.json"),
-        ])
-        .env("REGBROKER_LOG_FORMAT", "json")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("regbroker exited before listening")
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-        if v["message"] == "Listening" {
-            break v["listen"].as_str().unwrap().to_string();
-        }
-    };
+        ],
+        &[],
+    );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     let body: serde_json::Value = rt.block_on(async {
-        let url = format!("http://{addr}/v1/credentials?registry=registry.example.com");
+        let url = format!(
+            "http://{}/v1/credentials?registry=registry.example.com",
+            srv.addr
+        );
         let res = reqwest::get(url).await.unwrap();
         assert_eq!(res.status().as_u16(), 200);
         assert_eq!(res.headers()["cache-control"], "no-store");
@@ -212,24 +202,9 @@ fn serve_readme_example_answers_and_stops_on_sigterm() {
     assert_eq!(body["password"], "demo-password");
     assert_eq!(body["provider"], "static");
 
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "exit status after SIGTERM: {status}");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "regbroker did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = srv.stop();
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    let rest: Vec<String> = srv.log.try_iter().collect();
     assert!(rest.iter().any(|l| l.contains("Stopped")), "{rest:?}");
 }
 

@@ -260,3 +260,80 @@ pub fn docker_config(entries: &[(&str, &str, &str)]) -> String {
         .collect();
     serde_json::json!({ "auths": auths }).to_string()
 }
+
+/// A `regbroker serve` process on 127.0.0.1:0, stopped (SIGTERM) when dropped.
+pub struct ServeProcess {
+    pub child: std::process::Child,
+    pub addr: String,
+    pub log: std::sync::mpsc::Receiver<String>,
+}
+
+impl ServeProcess {
+    /// Starts `regbroker serve --listen 127.0.0.1:0 ARGS...` with JSON logs and waits
+    /// until it listens.
+    pub fn start(args: &[&str], env: &[(&str, &str)]) -> ServeProcess {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_regbroker"))
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("REGBROKER_LOG_FORMAT", "json")
+            .envs(env.iter().copied())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let addr = loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(30))
+                .expect("regbroker exited or hung before listening");
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if v["message"] == "Listening" {
+                break v["listen"].as_str().unwrap().to_string();
+            }
+        };
+        ServeProcess {
+            child,
+            addr,
+            log: rx,
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("regbroker did not stop on SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

@@ -1,0 +1,534 @@
+//! Real clients against a real registry, through regbroker's client protocols.
+//!
+//! Peers, none written here: the distribution registry (Debian `docker-registry`) with
+//! htpasswd auth (`apache2-utils`), skopeo (Debian), the oras Python client (PyPI
+//! `oras`), and the AWS reference helper `docker-credential-ecr-login` (Debian
+//! `amazon-ecr-credential-helper`). Each test skips with a message when a peer is missing,
+//! unless `REGBROKER_TEST_REQUIRE_PEERS=1` (set by `.ci/run`), where it fails instead.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::ServeProcess;
+use sha2::{Digest, Sha256};
+
+const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
+const USER: &str = "testuser";
+const PASSWORD: &str = "registry-password-1";
+
+/// The path of `name` on PATH, or `None` (skip) / panic (when peers are required).
+fn peer(name: &str, install: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        if std::env::var("REGBROKER_TEST_REQUIRE_PEERS").as_deref() == Ok("1") {
+            panic!("test peer `{name}` is missing: {install}");
+        }
+        eprintln!("SKIP: test peer `{name}` is missing ({install})");
+    }
+    found
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A distribution registry on loopback; with htpasswd auth unless `anonymous`.
+struct Registry {
+    child: std::process::Child,
+    host: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Registry {
+    fn start(anonymous: bool) -> Option<Registry> {
+        let bin = peer("docker-registry", "apt-get install docker-registry")?;
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut config = format!(
+            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+            dir.path().join("data").display()
+        );
+        if !anonymous {
+            let htpasswd = peer("htpasswd", "apt-get install apache2-utils")?;
+            let out = Command::new(htpasswd)
+                .args(["-Bbn", USER, PASSWORD])
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+            std::fs::write(dir.path().join("htpasswd"), &out.stdout).unwrap();
+            config.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: regbroker-test\n    path: {}\n",
+                dir.path().join("htpasswd").display()
+            ));
+        }
+        std::fs::write(dir.path().join("config.yml"), config).unwrap();
+        let child = Command::new(bin)
+            .arg("serve")
+            .arg(dir.path().join("config.yml"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let host = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&host).is_err() {
+            assert!(Instant::now() < deadline, "registry did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(Registry {
+            child,
+            host,
+            _dir: dir,
+        })
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes a one-layer OCI image layout tagged `v1` and returns its path.
+fn oci_layout(dir: &Path, marker: &str) -> PathBuf {
+    let root = dir.join(format!("layout-{marker}"));
+    let blobs = root.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |bytes: &[u8]| {
+        let digest = format!("{:x}", Sha256::digest(bytes));
+        std::fs::write(blobs.join(&digest), bytes).unwrap();
+        (format!("sha256:{digest}"), bytes.len())
+    };
+    // An empty tar archive (two zero blocks) plus a marker file so images differ.
+    let mut layer = vec![0u8; 1024];
+    layer.extend_from_slice(marker.as_bytes());
+    let (layer_digest, layer_size) = put(&layer);
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    });
+    let (config_digest, config_size) = put(config.to_string().as_bytes());
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
+    });
+    let (manifest_digest, manifest_size) = put(manifest.to_string().as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest, "size": manifest_size,
+            "annotations": {"org.opencontainers.image.ref.name": "v1"},
+        }],
+    });
+    std::fs::write(root.join("index.json"), index.to_string()).unwrap();
+    std::fs::write(root.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    root
+}
+
+/// A directory holding `docker-credential-regbroker`, a symlink to the binary (the
+/// documented install).
+fn helper_dir(dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(BIN, bin.join("docker-credential-regbroker")).unwrap();
+    bin
+}
+
+fn path_with(dir: &Path) -> String {
+    format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+fn static_config(dir: &Path, host: &str, password: &str) -> PathBuf {
+    let path = dir.join(format!("static-{password}.json"));
+    std::fs::write(
+        &path,
+        serde_json::json!({"auths": {host: {"username": USER, "password": password}}}).to_string(),
+    )
+    .unwrap();
+    path
+}
+
+fn skopeo(args: &[&str], env: &[(&str, String)], home: &Path) -> Output {
+    let mut cmd = Command::new("skopeo");
+    cmd.arg("--insecure-policy")
+        .args(args)
+        .env_clear()
+        .env("HOME", home)
+        .env("TMPDIR", std::env::temp_dir());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// The status code of a plain unauthenticated GET.
+fn http_status(host: &str, path: &str) -> u16 {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Pushes a fresh image and pulls it back; returns skopeo's outputs.
+fn push_pull(
+    reg: &Registry,
+    dir: &Path,
+    marker: &str,
+    authfile: &Path,
+    env: &[(&str, String)],
+) -> (Output, Option<Output>) {
+    let layout = oci_layout(dir, marker);
+    let src = format!("oci:{}:v1", layout.display());
+    let dst = format!("docker://{}/test/{marker}:v1", reg.host);
+    let auth = authfile.to_str().unwrap();
+    let push = skopeo(
+        &[
+            "copy",
+            "--authfile",
+            auth,
+            "--dest-tls-verify=false",
+            &src,
+            &dst,
+        ],
+        env,
+        dir,
+    );
+    if !push.status.success() {
+        return (push, None);
+    }
+    let out = dir.join(format!("pulled-{marker}"));
+    let pull = skopeo(
+        &[
+            "copy",
+            "--authfile",
+            auth,
+            "--src-tls-verify=false",
+            &dst,
+            &format!("oci:{}:v1", out.display()),
+        ],
+        env,
+        dir,
+    );
+    if pull.status.success() {
+        assert!(out.join("index.json").is_file());
+    }
+    (push, Some(pull))
+}
+
+fn cred_helpers_authfile(dir: &Path, hosts: &[&str]) -> PathBuf {
+    let helpers: serde_json::Map<String, serde_json::Value> = hosts
+        .iter()
+        .map(|h| (h.to_string(), "regbroker".into()))
+        .collect();
+    let path = dir.join("auth.json");
+    std::fs::write(
+        &path,
+        serde_json::json!({"credHelpers": helpers}).to_string(),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn skopeo_copies_through_the_helper_in_process_and_via_the_sidecar() {
+    if peer("skopeo", "apt-get install skopeo").is_none() {
+        return;
+    }
+    let Some(reg) = Registry::start(false) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = helper_dir(dir.path());
+    let authfile = cred_helpers_authfile(dir.path(), &[&reg.host]);
+    let good = static_config(dir.path(), &reg.host, PASSWORD);
+    let bad = static_config(dir.path(), &reg.host, "wrong-password");
+
+    // Control: with a wrong password the registry refuses, so a success below proves the
+    // helper's credential reached it.
+    let env = [
+        ("PATH", path_with(&bin)),
+        ("REGBROKER_DOCKER_CONFIG", bad.display().to_string()),
+    ];
+    let (push, _) = push_pull(&reg, dir.path(), "control", &authfile, &env);
+    assert!(
+        !push.status.success(),
+        "push with a wrong password must fail"
+    );
+
+    // In-process backend, with the disk cache on.
+    let cache = dir.path().join("cache");
+    let env = [
+        ("PATH", path_with(&bin)),
+        ("REGBROKER_DOCKER_CONFIG", good.display().to_string()),
+        ("REGBROKER_CACHE_DIR", cache.display().to_string()),
+    ];
+    let (push, pull) = push_pull(&reg, dir.path(), "inprocess", &authfile, &env);
+    assert!(push.status.success(), "push: {}", text(&push.stderr));
+    let pull = pull.unwrap();
+    assert!(pull.status.success(), "pull: {}", text(&pull.stderr));
+
+    // Sidecar backend over HTTP: the helper has no static config of its own.
+    let mut sidecar = ServeProcess::start(&["--docker-config", good.to_str().unwrap()], &[]);
+    let env = [
+        ("PATH", path_with(&bin)),
+        ("REGBROKER_ENDPOINT", format!("http://{}", sidecar.addr)),
+    ];
+    let (push, pull) = push_pull(&reg, dir.path(), "sidecar", &authfile, &env);
+    assert!(push.status.success(), "push: {}", text(&push.stderr));
+    assert!(pull.unwrap().status.success());
+    assert!(sidecar.stop().success());
+
+    // Sidecar backend over a unix socket.
+    let sock = dir.path().join("regbroker.sock");
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &format!("unix:{}", sock.display()),
+            "--docker-config",
+            good.to_str().unwrap(),
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sock.exists() {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let env = [
+        ("PATH", path_with(&bin)),
+        ("REGBROKER_ENDPOINT", format!("unix:{}", sock.display())),
+    ];
+    let (push, _) = push_pull(&reg, dir.path(), "unixsocket", &authfile, &env);
+    assert!(push.status.success(), "push: {}", text(&push.stderr));
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn skopeo_goes_anonymous_when_the_helper_has_nothing() {
+    if peer("skopeo", "apt-get install skopeo").is_none() {
+        return;
+    }
+    let Some(reg) = Registry::start(true) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = helper_dir(dir.path());
+    let authfile = cred_helpers_authfile(dir.path(), &[&reg.host]);
+    // regbroker knows nothing about this registry: the helper answers "credentials not
+    // found in native keychain" and skopeo proceeds anonymously.
+    let env = [("PATH", path_with(&bin))];
+    let (push, pull) = push_pull(&reg, dir.path(), "anonymous", &authfile, &env);
+    assert!(push.status.success(), "push: {}", text(&push.stderr));
+    assert!(pull.unwrap().status.success());
+
+    // And the helper's answer is exactly the protocol's text.
+    let mut child = Command::new(bin.join("docker-credential-regbroker"))
+        .arg("get")
+        .env_remove("REGBROKER_DOCKER_CONFIG")
+        .env_remove("REGBROKER_CONFIG")
+        .env_remove("REGBROKER_ENDPOINT")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(reg.host.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        text(&out.stdout),
+        "credentials not found in native keychain\n"
+    );
+}
+
+#[test]
+fn oras_pushes_and_pulls_with_the_docker_config_sink() {
+    let Some(python) = peer("python3", "install Python 3") else {
+        return;
+    };
+    let has_oras = Command::new(&python)
+        .args(["-c", "import oras.client"])
+        .status()
+        .unwrap()
+        .success();
+    if !has_oras {
+        if std::env::var("REGBROKER_TEST_REQUIRE_PEERS").as_deref() == Ok("1") {
+            panic!("the oras Python client is missing: pip install oras");
+        }
+        eprintln!("SKIP: the oras Python client is missing (pip install oras)");
+        return;
+    }
+    let Some(reg) = Registry::start(false) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let good = static_config(dir.path(), &reg.host, PASSWORD);
+    let sink = dir.path().join("docker").join("config.json");
+    std::fs::create_dir_all(sink.parent().unwrap()).unwrap();
+    let mut srv = ServeProcess::start(
+        &[
+            "--docker-config",
+            good.to_str().unwrap(),
+            "--write-docker-config",
+            sink.to_str().unwrap(),
+        ],
+        &[],
+    );
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&sink).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&sink).unwrap()).unwrap();
+    assert!(written["auths"][&reg.host]["auth"].is_string(), "{written}");
+
+    let artifact = dir.path().join("artifact.txt");
+    std::fs::write(&artifact, "hello from regbroker").unwrap();
+    let script = r#"
+import os, sys
+import oras.client
+host, config, artifact, out = sys.argv[1:5]
+client = oras.client.OrasClient(hostname=host, insecure=True, auth_backend="basic")
+target = f"{host}/test/artifact:v1"
+os.chdir(os.path.dirname(artifact))
+res = client.push(target=target, files=[os.path.basename(artifact)], config_path=config)
+assert res.status_code in (200, 201), res.status_code
+files = client.pull(target=target, outdir=out, config_path=config)
+print(open(files[0]).read())
+"#;
+    let out = Command::new(&python)
+        .args([
+            "-c",
+            script,
+            &reg.host,
+            sink.to_str().unwrap(),
+            artifact.to_str().unwrap(),
+        ])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "oras: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(text(&out.stdout).contains("hello from regbroker"));
+
+    // Control: the registry really requires a credential (oras itself retries a 401 for
+    // minutes, so ask the registry directly).
+    assert_eq!(http_status(&reg.host, "/v2/"), 401);
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn helper_agrees_with_the_reference_ecr_helper_where_it_should() {
+    let Some(reference) = peer(
+        "docker-credential-ecr-login",
+        "apt-get install amazon-ecr-credential-helper",
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = helper_dir(dir.path());
+    let ours = bin.join("docker-credential-regbroker");
+    let run = |helper: &Path, action: &str, input: &str| {
+        let mut child = Command::new(helper)
+            .arg(action)
+            .env_clear()
+            .env("HOME", dir.path())
+            .env("PATH", "/usr/bin:/bin")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out.status.code(), text(&out.stdout))
+    };
+    // Hosts neither serves: the same exit code and the same text, to the byte.
+    for input in [
+        "registry.example.com\n",
+        "127.0.0.1:5000\n",
+        "https://index.docker.io/v1/\n",
+        "registry.example.com",
+    ] {
+        assert_eq!(
+            run(&ours, "get", input),
+            run(&reference, "get", input),
+            "get {input:?}"
+        );
+    }
+    // `list` with nothing stored: an empty JSON object from both.
+    assert_eq!(run(&ours, "list", ""), run(&reference, "list", ""));
+    // `version`: one line from both.
+    for helper in [&ours, &reference] {
+        let (code, out) = run(helper, "version", "");
+        assert_eq!(code, Some(0));
+        assert_eq!(out.lines().count(), 1, "{out}");
+    }
+    // Where they differ on purpose: the reference refuses `store`/`erase` ("not
+    // implemented", exit 1); regbroker accepts them as no-ops so `docker login` flows do
+    // not break.
+    assert_eq!(run(&reference, "store", "{}").0, Some(1));
+    assert_eq!(
+        run(
+            &ours,
+            "store",
+            r#"{"ServerURL":"x","Username":"u","Secret":"s"}"#
+        )
+        .0,
+        Some(0)
+    );
+}

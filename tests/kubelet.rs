@@ -1,0 +1,131 @@
+//! The kubelet credential provider mode answers recorded requests (fixtures under
+//! `tests/fixtures/kubelet/`), as the kubelet would send them on stdin.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/tests/fixtures/kubelet/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+fn provide(input: &[u8], docker_config: &std::path::Path) -> (Option<i32>, String, String) {
+    let mut child = Command::new(BIN)
+        .arg("kubelet-credential-provider")
+        .env_clear()
+        .env("REGBROKER_DOCKER_CONFIG", docker_config)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// Parses a Go duration string of the forms `time.Duration.String()` prints for whole
+/// seconds (`0s`, `45s`, `1m30s`, `5h59m0s`), as the kubelet's `time.ParseDuration` would
+/// accept them; returns seconds.
+fn parse_go_duration(s: &str) -> Option<u64> {
+    let mut total = 0u64;
+    let mut num = String::new();
+    let mut units = Vec::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let n: u64 = num.parse().ok()?;
+        num.clear();
+        let mult = match c {
+            'h' => 3600,
+            'm' => 60,
+            's' => 1,
+            _ => return None,
+        };
+        units.push(c);
+        total += n * mult;
+    }
+    let ordered = units
+        .windows(2)
+        .all(|w| "hms".find(w[0]) < "hms".find(w[1]));
+    (num.is_empty() && !units.is_empty() && ordered && units.last() == Some(&'s')).then_some(total)
+}
+
+fn static_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("config.json");
+    std::fs::write(
+        &path,
+        r#"{"auths": {"registry.example.com:5000": {"username": "puller", "password": "kubelet-pw"}}}"#,
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn go_duration_parser_accepts_only_go_forms() {
+    assert_eq!(parse_go_duration("5h59m0s"), Some(21540));
+    assert_eq!(parse_go_duration("1m0s"), Some(60));
+    assert_eq!(parse_go_duration("0s"), Some(0));
+    for bad in ["", "5", "5h", "1s5m", "1x", "-1s", "1.5s"] {
+        assert_eq!(parse_go_duration(bad), None, "{bad}");
+    }
+}
+
+#[test]
+fn served_image_gets_registry_scoped_auth_and_a_go_duration() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = static_config(dir.path());
+    for name in ["static-image.json", "service-account-token.json"] {
+        let (code, out, err) = provide(&fixture(name), &config);
+        assert_eq!(code, Some(0), "{name}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["apiVersion"], "credentialprovider.kubelet.k8s.io/v1");
+        assert_eq!(v["kind"], "CredentialProviderResponse");
+        assert_eq!(v["cacheKeyType"], "Registry");
+        assert!(
+            parse_go_duration(v["cacheDuration"].as_str().unwrap()).is_some(),
+            "{v}"
+        );
+        assert_eq!(v["auth"]["registry.example.com:5000"]["username"], "puller");
+        assert_eq!(
+            v["auth"]["registry.example.com:5000"]["password"],
+            "kubelet-pw"
+        );
+        assert_eq!(v["auth"].as_object().unwrap().len(), 1);
+        // The service account token is not echoed anywhere.
+        assert!(!out.contains("c2ln") && !err.contains("c2ln"));
+    }
+}
+
+#[test]
+fn unserved_image_gets_an_empty_auth() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = provide(&fixture("unserved-image.json"), &static_config(dir.path()));
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["auth"], serde_json::json!({}));
+    assert_eq!(v["cacheKeyType"], "Registry");
+    assert!(parse_go_duration(v["cacheDuration"].as_str().unwrap()).is_some());
+}
+
+#[test]
+fn wrong_api_version_fails_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = provide(&fixture("wrong-version.json"), &static_config(dir.path()));
+    assert_eq!(code, Some(1));
+    assert!(out.is_empty());
+    assert!(err.contains("unsupported apiVersion"), "{err}");
+}
