@@ -220,6 +220,7 @@ pub(crate) fn jwt_exp(token: &str) -> Option<SystemTime> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use regbroker_provider::ErrorKind;

@@ -140,6 +140,7 @@ pub fn parse_suffix(raw: &str) -> Result<String, String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

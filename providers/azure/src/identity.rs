@@ -367,6 +367,7 @@ impl fmt::Display for Cause {
 impl std::error::Error for Cause {}
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

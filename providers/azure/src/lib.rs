@@ -189,12 +189,12 @@ impl Builder {
 
 fn retry_options(max_retries: u32, initial_delay: Duration) -> RetryOptions {
     let ms = i64::try_from(initial_delay.as_millis()).unwrap_or(i64::MAX);
-    let mut o = ExponentialRetryOptions::default();
-    o.initial_delay = azure_core::time::Duration::milliseconds(ms);
-    o.max_retries = max_retries;
-    o.max_total_elapsed = azure_core::time::Duration::seconds(20);
-    o.max_delay = azure_core::time::Duration::seconds(5);
-    RetryOptions::exponential(o)
+    RetryOptions::exponential(ExponentialRetryOptions {
+        initial_delay: azure_core::time::Duration::milliseconds(ms),
+        max_retries,
+        max_total_elapsed: azure_core::time::Duration::seconds(20),
+        max_delay: azure_core::time::Duration::seconds(5),
+    })
 }
 
 impl AzureProvider {
@@ -546,6 +546,7 @@ impl Provider for AzureProvider {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
