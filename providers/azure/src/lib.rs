@@ -154,28 +154,44 @@ impl Builder {
     /// The provider. Fails on an invalid ACR suffix (from the env or [`Builder::acr_suffix`]).
     pub fn build(self) -> Result<AzureProvider, Error> {
         let mut suffixes = Vec::new();
-        let from_env = self
-            .env
-            .get(ENV_ACR_SUFFIXES)
-            .map(|s| s.split(',').map(str::to_string).collect::<Vec<_>>())
-            .unwrap_or_default();
-        for raw in from_env.iter().chain(&self.suffixes) {
-            if raw.trim().is_empty() {
-                continue;
-            }
-            let s = host::parse_suffix(raw).map_err(Error::invalid_config)?;
-            if host::BUILTIN_SUFFIXES.iter().any(|(b, _)| *b == s) {
-                continue;
-            }
-            if !suffixes.contains(&s) {
-                suffixes.push(s);
+        for raw in self.raw_suffixes() {
+            let s = host::parse_suffix(&raw).map_err(Error::invalid_config)?;
+            push_suffix(&mut suffixes, s);
+        }
+        Ok(self.assemble(suffixes))
+    }
+
+    /// Like [`Builder::build`], but an invalid suffix is logged and skipped.
+    fn build_lenient(self) -> AzureProvider {
+        let mut suffixes = Vec::new();
+        for raw in self.raw_suffixes() {
+            match host::parse_suffix(&raw) {
+                Ok(s) => push_suffix(&mut suffixes, s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "Ignoring an invalid {ENV_ACR_SUFFIXES} entry")
+                }
             }
         }
+        self.assemble(suffixes)
+    }
+
+    /// The env's comma list followed by the builder's suffixes, blanks dropped.
+    fn raw_suffixes(&self) -> Vec<String> {
+        let from_env = self.env.get(ENV_ACR_SUFFIXES).unwrap_or_default();
+        from_env
+            .split(',')
+            .map(str::to_string)
+            .chain(self.suffixes.iter().cloned())
+            .filter(|s| !s.trim().is_empty())
+            .collect()
+    }
+
+    fn assemble(self, suffixes: Vec<String>) -> AzureProvider {
         let http = OnceLock::new();
         if let Some(c) = self.http {
             let _ = http.set(c);
         }
-        Ok(AzureProvider {
+        AzureProvider {
             env: self.env,
             clock: self.clock,
             suffixes,
@@ -183,7 +199,14 @@ impl Builder {
             retry: self.retry,
             timeout: self.timeout,
             credentials: Mutex::new(HashMap::new()),
-        })
+        }
+    }
+}
+
+/// Adds a validated suffix unless it is built in or already there.
+fn push_suffix(suffixes: &mut Vec<String>, s: String) {
+    if !host::BUILTIN_SUFFIXES.iter().any(|(b, _)| *b == s) && !suffixes.contains(&s) {
+        suffixes.push(s);
     }
 }
 
@@ -200,47 +223,11 @@ fn retry_options(max_retries: u32, initial_delay: Duration) -> RetryOptions {
 impl AzureProvider {
     /// A provider reading the process environment (a snapshot of [`Env::NAMES`]). Does no
     /// I/O and no cloud call. An invalid `REGBROKER_AZURE_ACR_SUFFIXES` entry is logged
-    /// and ignored.
+    /// and ignored (use [`AzureProvider::builder`] to fail on it instead).
     pub fn from_env() -> AzureProvider {
-        let env = Env::from_process();
-        match AzureProvider::builder().env(env.clone()).build() {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = %e, "Ignoring invalid {ENV_ACR_SUFFIXES} entries");
-                let kept: Vec<String> = env
-                    .get(ENV_ACR_SUFFIXES)
-                    .unwrap_or_default()
-                    .split(',')
-                    .filter_map(|s| host::parse_suffix(s).ok())
-                    .collect();
-                let mut b = AzureProvider::builder().env(Env::from_pairs(
-                    Env::NAMES
-                        .iter()
-                        .filter(|k| **k != ENV_ACR_SUFFIXES)
-                        .filter_map(|k| env.get(k).map(|v| (k.to_string(), v.to_string()))),
-                ));
-                for s in kept {
-                    b = b.acr_suffix(s);
-                }
-                match b.build() {
-                    Ok(p) => p,
-                    // Unreachable: every kept suffix was validated above.
-                    Err(_) => AzureProvider::empty(),
-                }
-            }
-        }
-    }
-
-    fn empty() -> AzureProvider {
-        AzureProvider {
-            env: Env::default(),
-            clock: system_clock(),
-            suffixes: Vec::new(),
-            http: OnceLock::new(),
-            retry: retry_options(3, Duration::from_millis(500)),
-            timeout: DEFAULT_TIMEOUT,
-            credentials: Mutex::new(HashMap::new()),
-        }
+        AzureProvider::builder()
+            .env(Env::from_process())
+            .build_lenient()
     }
 
     /// A builder starting from an empty env, the system clock, 3 SDK retries from 500 ms
@@ -354,10 +341,19 @@ impl AzureProvider {
         let registry = target.registry().to_string();
         match tokio::time::timeout(self.timeout, self.fetch_inner(target)).await {
             Ok(r) => r,
-            Err(_) => Err(Error::timed_out(format!(
-                "fetching an ACR credential for {registry} took longer than {:?}",
-                self.timeout
-            ))),
+            Err(_) => {
+                let imds = target.param(P_KIND) == Some(Kind::Managed.as_str())
+                    && std::env::var_os(identity::IDENTITY_ENDPOINT).is_none();
+                let hint = if imds {
+                    "; no AZURE_FEDERATED_TOKEN_FILE, AZURE_CLIENT_SECRET or IDENTITY_ENDPOINT is set, so the managed identity endpoint IMDS (169.254.169.254) was tried: is this an Azure VM or AKS node?"
+                } else {
+                    ""
+                };
+                Err(Error::timed_out(format!(
+                    "fetching an ACR credential for {registry} took longer than {:?}{hint}",
+                    self.timeout
+                )))
+            }
         }
     }
 
@@ -724,6 +720,17 @@ mod tests {
             .build()
             .unwrap_err();
         assert_eq!(e.kind(), regbroker_provider::ErrorKind::InvalidConfig);
+    }
+
+    #[test]
+    fn from_env_style_build_skips_bad_suffixes() {
+        let p = AzureProvider::builder()
+            .env(Env::from_pairs([(
+                ENV_ACR_SUFFIXES,
+                "com,azurecr.contoso.example,*.x",
+            )]))
+            .build_lenient();
+        assert_eq!(p.acr_suffixes(), ["azurecr.contoso.example"]);
     }
 
     #[test]
