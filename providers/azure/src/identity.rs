@@ -282,6 +282,7 @@ pub(crate) fn token_error(identity: &Identity, scope: &str, err: &azure_core::Er
     let mut code = None;
     let mut transport = false;
     let mut data = false;
+    let mut file = false;
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = next {
         if let Some(az) = e.downcast_ref::<azure_core::Error>() {
@@ -298,6 +299,9 @@ pub(crate) fn token_error(identity: &Identity, scope: &str, err: &azure_core::Er
                 AzKind::DataConversion => data = true,
                 _ => {}
             }
+        } else if e.is::<std::io::Error>() {
+            // Outside a transport error, an I/O error is the token file.
+            file = true;
         }
         next = e.source();
     }
@@ -327,6 +331,9 @@ pub(crate) fn token_error(identity: &Identity, scope: &str, err: &azure_core::Er
         )),
         None if transport => Error::unavailable(format!(
             "Entra ID token request for {who} could not be sent"
+        )),
+        None if file && identity.kind == Kind::Workload => Error::identity_missing(format!(
+            "{who}: cannot read AZURE_FEDERATED_TOKEN_FILE (is the service account token still projected?)"
         )),
         None if data => {
             Error::bad_response(format!("Entra ID token answer for {who} could not be read"))
@@ -446,10 +453,27 @@ mod tests {
         let managed = Identity {
             kind: Kind::Managed,
             client_id: None,
-            ..id
+            ..id.clone()
         };
         let e = token_error(&managed, "s", &conn);
         assert_eq!(e.kind(), ErrorKind::IdentityMissing);
         assert!(e.message().contains("IDENTITY_ENDPOINT"), "{e}");
+
+        // The SDK re-reads the token file every 10 minutes; a vanished file is a
+        // missing identity, not an upstream failure.
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let read = azure_core::Error::with_error(
+            AzKind::Credential,
+            io,
+            "failed to read federated token from file /t",
+        );
+        let outer = azure_core::Error::with_error(
+            AzKind::Credential,
+            read,
+            "WorkloadIdentityCredential authentication failed.",
+        );
+        let e = token_error(&id, "s", &outer);
+        assert_eq!(e.kind(), ErrorKind::IdentityMissing, "{e}");
+        assert!(e.message().contains("AZURE_FEDERATED_TOKEN_FILE"), "{e}");
     }
 }

@@ -406,7 +406,15 @@ async fn run_managed_identity_child(client_id: Option<&str>) -> Running {
         "--nocapture",
         "--test-threads=1",
     ]);
-    for k in Env::NAMES {
+    // Start from a clean identity env: these also steer the SDK's managed identity
+    // source selection (Service Fabric, Azure Arc, Cloud Shell, Azure ML).
+    let sdk_sources = [
+        "IDENTITY_SERVER_THUMBPRINT",
+        "IMDS_ENDPOINT",
+        "MSI_ENDPOINT",
+        "MSI_SECRET",
+    ];
+    for k in Env::NAMES.iter().chain(&sdk_sources) {
         cmd.env_remove(k);
     }
     cmd.env(CHILD_FLAG, "1")
