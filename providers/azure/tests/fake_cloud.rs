@@ -9,8 +9,8 @@
 //! runs this test binary again as a child process with those variables set.
 //!
 //! Env vars used: `REGBROKER_AZURE_TEST_CHILD`, `REGBROKER_AZURE_TEST_CA_PEM` and
-//! `REGBROKER_AZURE_TEST_EXPECT_CLIENT_ID` (set by the parent for the child only), plus the
-//! provider's own variables in the child's env.
+//! `REGBROKER_AZURE_TEST_REFRESH` (set by the parent for the child only), plus the
+//! provider's own variables in the child's env. Nothing needs installing.
 
 #![allow(clippy::unwrap_used)]
 
