@@ -167,7 +167,7 @@ impl Identity {
 /// SDK settings shared by every credential.
 #[derive(Clone, Debug)]
 pub(crate) struct SdkSettings {
-    pub http: reqwest::Client,
+    pub transport: Arc<dyn azure_core::http::HttpClient>,
     pub retry: RetryOptions,
 }
 
@@ -176,7 +176,7 @@ impl SdkSettings {
         let mut custom = CustomConfiguration::default();
         custom.authority_host = authority_host.to_string();
         ClientOptions {
-            transport: Some(Transport::new(Arc::new(self.http.clone()))),
+            transport: Some(Transport::new(self.transport.clone())),
             retry: self.retry.clone(),
             cloud: Some(Arc::new(CloudConfiguration::Custom(custom))),
             ..Default::default()

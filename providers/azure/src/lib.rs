@@ -32,12 +32,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use azure_core::credentials::TokenCredential;
-use azure_core::http::{ExponentialRetryOptions, RetryOptions};
+use azure_core::http::{ExponentialRetryOptions, HttpClient, RetryOptions};
 use regbroker_provider::{
     BoxFuture, Credential, Error, Options, Provider, Registry, SecretString, SharedClock, Target,
     check_known_options, system_clock,
 };
 
+/// The `azure_core` version the provider uses, for [`Builder::sdk_http_client`].
+pub use azure_core;
 pub use exchange::{ACR_USERNAME, FALLBACK_TTL};
 pub use host::Cloud;
 pub use identity::{Env, Kind};
@@ -86,6 +88,7 @@ pub struct AzureProvider {
     clock: SharedClock,
     suffixes: Vec<String>,
     http: OnceLock<reqwest::Client>,
+    sdk_http: Option<Arc<dyn HttpClient>>,
     retry: RetryOptions,
     timeout: Duration,
     credentials: Mutex<HashMap<identity::Identity, Arc<dyn TokenCredential>>>,
@@ -108,6 +111,7 @@ pub struct Builder {
     clock: SharedClock,
     suffixes: Vec<String>,
     http: Option<reqwest::Client>,
+    sdk_http: Option<Arc<dyn HttpClient>>,
     retry: RetryOptions,
     timeout: Duration,
 }
@@ -135,6 +139,14 @@ impl Builder {
     /// that trusts a test CA). It should not follow redirects.
     pub fn http_client(mut self, client: reqwest::Client) -> Builder {
         self.http = Some(client);
+        self
+    }
+
+    /// Use this transport for the SDK's requests only (Entra ID, managed identity),
+    /// e.g. to instrument or redirect them; the exchange keeps the reqwest client. By
+    /// default the SDK uses the same reqwest client as the exchange.
+    pub fn sdk_http_client(mut self, client: Arc<dyn HttpClient>) -> Builder {
+        self.sdk_http = Some(client);
         self
     }
 
@@ -196,6 +208,7 @@ impl Builder {
             clock: self.clock,
             suffixes,
             http,
+            sdk_http: self.sdk_http,
             retry: self.retry,
             timeout: self.timeout,
             credentials: Mutex::new(HashMap::new()),
@@ -238,6 +251,7 @@ impl AzureProvider {
             clock: system_clock(),
             suffixes: Vec::new(),
             http: None,
+            sdk_http: None,
             retry: retry_options(3, Duration::from_millis(500)),
             timeout: DEFAULT_TIMEOUT,
         }
@@ -328,7 +342,10 @@ impl AzureProvider {
             return Ok(c.clone());
         }
         let sdk = identity::SdkSettings {
-            http: self.http()?,
+            transport: match &self.sdk_http {
+                Some(t) => t.clone(),
+                None => Arc::new(self.http()?),
+            },
             retry: self.retry.clone(),
         };
         let c = identity::build(id, &self.env, &sdk)?;

@@ -8,8 +8,8 @@
 //! `IDENTITY_ENDPOINT` / `IDENTITY_HEADER` from the process env only, so that scenario
 //! runs this test binary again as a child process with those variables set.
 //!
-//! Env vars used: `REGBROKER_AZURE_TEST_CHILD`, `REGBROKER_AZURE_TEST_CA_PEM` and
-//! `REGBROKER_AZURE_TEST_REFRESH` (set by the parent for the child only), plus the
+//! Env vars used: `REGBROKER_AZURE_TEST_CHILD`, `REGBROKER_AZURE_TEST_CA_PEM`,
+//! `REGBROKER_AZURE_TEST_IMDS` and `REGBROKER_AZURE_TEST_REFRESH` (set by the parent for the child only), plus the
 //! provider's own variables in the child's env. Nothing needs installing.
 
 #![allow(clippy::unwrap_used)]
@@ -392,16 +392,17 @@ impl NowForTest for ManualClock {
 const CHILD_FLAG: &str = "REGBROKER_AZURE_TEST_CHILD";
 const CHILD_CA: &str = "REGBROKER_AZURE_TEST_CA_PEM";
 const CHILD_OK: &str = "REGBROKER-AZURE-CHILD-OK";
+const CHILD_IMDS: &str = "REGBROKER_AZURE_TEST_IMDS";
 
-/// Runs `app_service_managed_identity_child` in a child process with the App Service
+/// Runs `managed_identity_child` in a child process with the App Service
 /// managed identity variables, and returns the fake's record.
-async fn run_managed_identity_child(client_id: Option<&str>) -> Running {
+async fn run_managed_identity_child(client_id: Option<&str>, imds: bool) -> Running {
     let running = start().await;
     let exe = std::env::current_exe().unwrap();
     let mut cmd = tokio::process::Command::new(exe);
     cmd.args([
         "--exact",
-        "app_service_managed_identity_child",
+        "managed_identity_child",
         "--ignored",
         "--nocapture",
         "--test-threads=1",
@@ -419,12 +420,16 @@ async fn run_managed_identity_child(client_id: Option<&str>) -> Running {
     }
     cmd.env(CHILD_FLAG, "1")
         .env(CHILD_CA, &running.ca_pem)
-        .env("IDENTITY_ENDPOINT", running.msi_endpoint())
-        .env("IDENTITY_HEADER", MSI_HEADER)
         .env("REGBROKER_AZURE_EXCHANGE_URL", running.exchange_url())
         .env("REGBROKER_AZURE_TEST_REFRESH", running.fake.refresh_token());
     if let Some(c) = client_id {
         cmd.env("AZURE_CLIENT_ID", c);
+    }
+    if imds {
+        cmd.env(CHILD_IMDS, &running.http);
+    } else {
+        cmd.env("IDENTITY_ENDPOINT", running.msi_endpoint())
+            .env("IDENTITY_HEADER", MSI_HEADER);
     }
     let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
         .await
@@ -441,9 +446,10 @@ async fn run_managed_identity_child(client_id: Option<&str>) -> Running {
 
 #[tokio::test]
 async fn managed_identity_app_service_user_assigned() {
-    let running = run_managed_identity_child(Some(CLIENT_ID)).await;
+    let running = run_managed_identity_child(Some(CLIENT_ID), false).await;
     let fake = &running.fake;
     assert_eq!(fake.msi_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(fake.imds_calls.load(Ordering::SeqCst), 0);
     let q = fake.msi_queries.lock().unwrap()[0].clone();
     assert_eq!(q["resource"], "https://containerregistry.azure.net");
     assert_eq!(q["client_id"], CLIENT_ID);
@@ -458,29 +464,52 @@ async fn managed_identity_app_service_user_assigned() {
 
 #[tokio::test]
 async fn managed_identity_app_service_system_assigned() {
-    let running = run_managed_identity_child(None).await;
+    let running = run_managed_identity_child(None, false).await;
     let q = running.fake.msi_queries.lock().unwrap()[0].clone();
     assert!(!q.contains_key("client_id"), "system-assigned: {q:?}");
     assert_eq!(running.fake.exchange_calls.load(Ordering::SeqCst), 1);
 }
 
-/// The child side: builds the provider from the (child's own) process env, as
-/// production does, and fetches through the App Service managed identity endpoint.
 #[tokio::test]
-#[ignore = "child process of managed_identity_app_service_*; runs only with REGBROKER_AZURE_TEST_CHILD=1"]
-async fn app_service_managed_identity_child() {
+async fn managed_identity_imds_user_assigned() {
+    // Without IDENTITY_ENDPOINT the SDK asks IMDS; the child's SDK transport sends that
+    // request to the fake on loopback (and refuses any other non-loopback host).
+    let running = run_managed_identity_child(Some(CLIENT_ID), true).await;
+    let fake = &running.fake;
+    assert_eq!(fake.imds_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(fake.msi_calls.load(Ordering::SeqCst), 0);
+    let q = fake.msi_queries.lock().unwrap()[0].clone();
+    assert_eq!(q["client_id"], CLIENT_ID);
+    assert_eq!(q["resource"], "https://containerregistry.azure.net");
+    assert_eq!(fake.exchange_calls.load(Ordering::SeqCst), 1);
+}
+
+/// The child side: builds the provider from the (child's own) process env, as
+/// production does, and fetches through the App Service endpoint or IMDS.
+#[tokio::test]
+#[ignore = "child process of managed_identity_*; runs only with REGBROKER_AZURE_TEST_CHILD=1"]
+async fn managed_identity_child() {
     if std::env::var(CHILD_FLAG).as_deref() != Ok("1") {
-        println!("skipping: only meaningful as a child of managed_identity_app_service_*");
+        println!("skipping: only meaningful as a child of managed_identity_*");
         return;
     }
     let ca = std::env::var(CHILD_CA).unwrap();
-    let provider = AzureProvider::builder()
+    let client = client_trusting(&ca);
+    let mut builder = AzureProvider::builder()
         .env(Env::from_process())
-        .http_client(client_trusting(&ca))
+        .http_client(client.clone())
         .retry(1, Duration::from_millis(20))
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
+        .timeout(Duration::from_secs(10));
+    if let Ok(fake_http) = std::env::var(CHILD_IMDS) {
+        builder = builder.sdk_http_client(Arc::new(ImdsToLoopback {
+            inner: client,
+            fake_http: fake_http.parse().unwrap(),
+        }));
+    } else {
+        // App Service: IDENTITY_ENDPOINT is a loopback URL, no redirection needed.
+        assert!(std::env::var("IDENTITY_ENDPOINT").is_ok());
+    }
+    let provider = builder.build().unwrap();
     let target = provider.recognise(&registry()).expect("recognised");
     assert_eq!(target.param("kind"), Some("managed"));
     let cred = provider

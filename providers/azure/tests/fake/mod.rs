@@ -68,6 +68,7 @@ pub struct FakeCloud {
     pub exchange_script: Mutex<VecDeque<Scripted>>,
     pub aad_calls: AtomicUsize,
     pub msi_calls: AtomicUsize,
+    pub imds_calls: AtomicUsize,
     pub exchange_calls: AtomicUsize,
     pub aad_forms: Mutex<Vec<HashMap<String, String>>>,
     pub aad_tenants: Mutex<Vec<String>>,
@@ -95,6 +96,7 @@ impl FakeCloud {
             exchange_script: Mutex::new(VecDeque::new()),
             aad_calls: AtomicUsize::new(0),
             msi_calls: AtomicUsize::new(0),
+            imds_calls: AtomicUsize::new(0),
             exchange_calls: AtomicUsize::new(0),
             aad_forms: Mutex::new(Vec::new()),
             aad_tenants: Mutex::new(Vec::new()),
@@ -126,6 +128,7 @@ impl FakeCloud {
         Router::new()
             .route("/{tenant}/oauth2/v2.0/token", post(aad_token))
             .route("/msi/token", get(msi_token))
+            .route("/metadata/identity/oauth2/token", get(imds_token))
             .route("/oauth2/exchange", post(acr_exchange))
             .with_state(self.clone())
     }
@@ -226,6 +229,31 @@ async fn msi_token(
         "resource": resource,
         "token_type": "Bearer",
         "client_id": q.get("client_id").cloned().unwrap_or_default(),
+    }))
+    .into_response()
+}
+
+/// IMDS `GET /metadata/identity/oauth2/token` (what `169.254.169.254` serves on a VM).
+async fn imds_token(
+    State(fake): State<Arc<FakeCloud>>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    fake.imds_calls.fetch_add(1, Ordering::SeqCst);
+    fake.msi_queries.lock().unwrap().push(q.clone());
+    if headers.get("metadata").and_then(|v| v.to_str().ok()) != Some("true") {
+        return (
+            StatusCode::BAD_REQUEST,
+            "Required metadata header not specified",
+        )
+            .into_response();
+    }
+    let resource = q.get("resource").cloned().unwrap_or_default();
+    Json(json!({
+        "access_token": fake.access_token,
+        "expires_on": FAR_EXP.to_string(),
+        "resource": resource,
+        "token_type": "Bearer",
     }))
     .into_response()
 }
@@ -379,4 +407,43 @@ pub fn client_trusting(ca_pem: &str) -> reqwest::Client {
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap()
+}
+
+/// An SDK transport that sends IMDS requests (`http://169.254.169.254/...`) to the fake
+/// on loopback instead, and refuses any request to a non-loopback host: a test must
+/// never reach the real IMDS address.
+#[derive(Debug)]
+pub struct ImdsToLoopback {
+    pub inner: reqwest::Client,
+    pub fake_http: url::Url,
+}
+
+#[async_trait::async_trait]
+impl regbroker_azure::azure_core::http::HttpClient for ImdsToLoopback {
+    async fn execute_request(
+        &self,
+        request: &regbroker_azure::azure_core::http::Request,
+    ) -> regbroker_azure::azure_core::Result<regbroker_azure::azure_core::http::AsyncRawResponse>
+    {
+        use regbroker_azure::azure_core::{Error, error::ErrorKind};
+        let mut req = request.clone();
+        if req.url().host_str() == Some("169.254.169.254") {
+            let url = req.url_mut();
+            url.set_host(self.fake_http.host_str()).unwrap();
+            url.set_port(self.fake_http.port()).unwrap();
+        }
+        let loopback = match req.url().host() {
+            Some(url::Host::Ipv4(a)) => a.is_loopback(),
+            Some(url::Host::Ipv6(a)) => a.is_loopback(),
+            Some(url::Host::Domain(d)) => d == "localhost",
+            None => false,
+        };
+        if !loopback {
+            return Err(Error::with_message(
+                ErrorKind::Other,
+                "test transport refuses a non-loopback host",
+            ));
+        }
+        regbroker_azure::azure_core::http::HttpClient::execute_request(&self.inner, &req).await
+    }
 }
