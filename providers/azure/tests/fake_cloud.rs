@@ -394,8 +394,8 @@ const CHILD_CA: &str = "REGBROKER_AZURE_TEST_CA_PEM";
 const CHILD_OK: &str = "REGBROKER-AZURE-CHILD-OK";
 const CHILD_IMDS: &str = "REGBROKER_AZURE_TEST_IMDS";
 
-/// Runs `managed_identity_child` in a child process with the App Service
-/// managed identity variables, and returns the fake's record.
+/// Runs `managed_identity_child` in a child process, with the App Service managed
+/// identity variables or (with `imds`) none of them, and returns the fake's record.
 async fn run_managed_identity_child(client_id: Option<&str>, imds: bool) -> Running {
     let running = start().await;
     let exe = std::env::current_exe().unwrap();
