@@ -1,0 +1,529 @@
+//! End-to-end scenarios through the real `azure_identity` code against in-process fakes
+//! of Entra ID, the App Service managed identity endpoint and ACR's exchange (see
+//! `fake/mod.rs` for why they are fakes).
+//!
+//! Every in-process scenario passes its settings explicitly (an env map, an HTTP client
+//! trusting the test CA, a clock), so tests run in parallel threads without touching
+//! the process env. Managed identity is the exception: `azure_identity` reads
+//! `IDENTITY_ENDPOINT` / `IDENTITY_HEADER` from the process env only, so that scenario
+//! runs this test binary again as a child process with those variables set.
+//!
+//! Env vars used: `REGBROKER_AZURE_TEST_CHILD`, `REGBROKER_AZURE_TEST_CA_PEM`,
+//! `REGBROKER_AZURE_TEST_IMDS` and `REGBROKER_AZURE_TEST_REFRESH` (set by the parent for the child only), plus the
+//! provider's own variables in the child's env. Nothing needs installing.
+
+#![allow(clippy::unwrap_used)]
+
+mod fake;
+
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use fake::*;
+use regbroker_azure::{ACR_USERNAME, AzureProvider, Env, FALLBACK_TTL};
+use regbroker_provider::{
+    Credential, Error, ErrorKind, ExposeSecret, ManualClock, Provider, Registry, SharedClock,
+};
+
+fn registry() -> Registry {
+    Registry::parse(REGISTRY).unwrap()
+}
+
+struct Scenario {
+    running: Running,
+    _dir: tempfile::TempDir,
+    provider: AzureProvider,
+    clock: ManualClock,
+}
+
+/// A provider wired to the fakes with workload identity (or a client secret).
+async fn scenario(secret_instead_of_token_file: bool) -> Scenario {
+    let running = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("azure-identity-token");
+    std::fs::write(&token_file, SA_TOKEN).unwrap();
+    let mut env = vec![
+        ("AZURE_CLIENT_ID", CLIENT_ID.to_string()),
+        ("AZURE_TENANT_ID", TENANT.to_string()),
+        ("AZURE_AUTHORITY_HOST", format!("{}/", running.https)),
+        ("REGBROKER_AZURE_EXCHANGE_URL", running.exchange_url()),
+    ];
+    if secret_instead_of_token_file {
+        env.push(("AZURE_CLIENT_SECRET", CLIENT_SECRET.to_string()));
+    } else {
+        env.push((
+            "AZURE_FEDERATED_TOKEN_FILE",
+            token_file.display().to_string(),
+        ));
+    }
+    let clock = ManualClock::fixed();
+    let provider = AzureProvider::builder()
+        .env(Env::from_pairs(env))
+        .http_client(client_trusting(&running.ca_pem))
+        .clock(Arc::new(clock.clone()) as SharedClock)
+        .retry(2, Duration::from_millis(20))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    Scenario {
+        running,
+        _dir: dir,
+        provider,
+        clock,
+    }
+}
+
+async fn fetch(s: &Scenario) -> Result<Credential, Error> {
+    let target = s.provider.recognise(&registry()).expect("recognised");
+    s.provider.fetch(&target).await
+}
+
+fn secrets(s: &Scenario) -> Vec<String> {
+    vec![
+        s.running.fake.access_token.clone(),
+        s.running.fake.refresh_token(),
+        SA_TOKEN.to_string(),
+        CLIENT_SECRET.to_string(),
+    ]
+}
+
+fn assert_no_secret(s: &Scenario, text: &str) {
+    for secret in secrets(s) {
+        assert!(!text.contains(&secret), "a secret leaked into: {text}");
+    }
+}
+
+fn assert_no_secret_in_error(s: &Scenario, e: &Error) {
+    assert_no_secret(s, e.message());
+    assert_no_secret(s, &e.chain());
+    assert_no_secret(s, &format!("{e:?}"));
+    assert!(!e.message().contains('\n'), "one line: {e}");
+}
+
+#[tokio::test]
+async fn workload_identity_end_to_end() {
+    let s = scenario(false).await;
+    let cred = fetch(&s).await.expect("credential");
+    assert_eq!(cred.username(), ACR_USERNAME);
+    assert_eq!(
+        cred.secret().expose_secret(),
+        s.running.fake.refresh_token()
+    );
+    assert_eq!(
+        cred.expires_at(),
+        Some(SystemTime::UNIX_EPOCH + Duration::from_secs(REFRESH_EXP)),
+        "expiry is the refresh token's exp"
+    );
+
+    // Entra ID saw the projected token as client assertion, for our tenant and scope.
+    let fake = &s.running.fake;
+    assert_eq!(fake.aad_tenants.lock().unwrap().as_slice(), [TENANT]);
+    let aad = fake.aad_forms.lock().unwrap()[0].clone();
+    assert_eq!(aad["client_assertion"], SA_TOKEN);
+    assert_eq!(aad["client_id"], CLIENT_ID);
+    assert_eq!(aad["scope"], "https://containerregistry.azure.net/.default");
+
+    // The exchange got the four form fields.
+    let ex = fake.exchange_forms.lock().unwrap()[0].clone();
+    assert_eq!(ex["grant_type"], "access_token");
+    assert_eq!(ex["service"], REGISTRY);
+    assert_eq!(ex["tenant"], TENANT);
+    assert_eq!(ex["access_token"], fake.access_token);
+
+    // A second fetch reuses the SDK credential and its token cache: one more exchange,
+    // no second Entra ID call.
+    fetch(&s).await.expect("second credential");
+    assert_eq!(fake.aad_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(fake.exchange_calls.load(Ordering::SeqCst), 2);
+    assert_no_secret(&s, &format!("{cred:?} {:?}", s.provider));
+}
+
+#[tokio::test]
+async fn client_secret_end_to_end() {
+    let s = scenario(true).await;
+    let cred = fetch(&s).await.expect("credential");
+    assert_eq!(
+        cred.secret().expose_secret(),
+        s.running.fake.refresh_token()
+    );
+    let aad = s.running.fake.aad_forms.lock().unwrap()[0].clone();
+    assert_eq!(aad["client_secret"], CLIENT_SECRET);
+    assert!(!aad.contains_key("client_assertion"));
+}
+
+#[tokio::test]
+async fn exchange_401_is_identity_rejected_with_a_clear_message() {
+    let s = scenario(false).await;
+    s.running.fake.script_exchange(
+        401,
+        &format!(
+            r#"{{"errors":[{{"code":"UNAUTHORIZED","message":"authentication required for {}"}}]}}"#,
+            s.running.fake.access_token
+        ),
+    );
+    let e = fetch(&s).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::IdentityRejected, "{e}");
+    assert!(e.message().contains(REGISTRY), "{e}");
+    assert!(e.message().contains("HTTP 401"), "{e}");
+    assert!(e.message().contains("UNAUTHORIZED"), "{e}");
+    assert!(e.message().contains("AcrPull"), "{e}");
+    assert_no_secret_in_error(&s, &e);
+}
+
+#[tokio::test]
+async fn exchange_429_and_503_are_transient() {
+    let s = scenario(false).await;
+    s.running.fake.script_exchange(
+        429,
+        r#"{"errors":[{"code":"TOOMANYREQUESTS","message":"slow down"}]}"#,
+    );
+    let e = fetch(&s).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Throttled, "{e}");
+    s.running.fake.script_exchange(503, "<html>busy</html>");
+    let e = fetch(&s).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(!e.message().contains("html"), "no raw body: {e}");
+    s.running
+        .fake
+        .script_exchange(200, r#"{"access_token":"not what we asked"}"#);
+    let e = fetch(&s).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::BadResponse, "{e}");
+    assert!(!e.message().contains("not what we asked"), "{e}");
+}
+
+#[tokio::test]
+async fn aad_500_then_success() {
+    let s = scenario(false).await;
+    s.running.fake.script_aad(
+        500,
+        serde_json::json!({"error":"temporarily_unavailable","error_description":"AADSTS50000: retry","error_codes":[50000]}),
+    );
+    let cred = fetch(&s).await.expect("the SDK retries the 500");
+    assert_eq!(
+        cred.secret().expose_secret(),
+        s.running.fake.refresh_token()
+    );
+    assert_eq!(s.running.fake.aad_calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn aad_500_every_time_is_unavailable() {
+    let s = scenario(false).await;
+    for _ in 0..3 {
+        s.running.fake.script_aad(
+            500,
+            serde_json::json!({"error":"temporarily_unavailable","error_description":"AADSTS50000: retry","error_codes":[50000]}),
+        );
+    }
+    let e = fetch(&s).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{}", e.chain());
+    assert_eq!(
+        s.running.fake.aad_calls.load(Ordering::SeqCst),
+        3,
+        "1 try + 2 retries"
+    );
+    assert_eq!(s.running.fake.exchange_calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn aad_refusal_is_identity_rejected() {
+    let s = scenario(false).await;
+    let target = s
+        .provider
+        .target(
+            &registry(),
+            &[(
+                "client_id".to_string(),
+                "not-the-registered-app".to_string(),
+            )]
+            .into_iter()
+            .collect(),
+        )
+        .unwrap();
+    let e = s.provider.fetch(&target).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::IdentityRejected, "{}", e.chain());
+    assert!(e.message().contains("not-the-registered-app"), "{e}");
+    assert!(e.message().contains("700016"), "{e}");
+    assert_no_secret_in_error(&s, &e);
+    assert_eq!(s.running.fake.exchange_calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn refresh_token_without_exp_gets_the_fallback_ttl() {
+    let s = scenario(false).await;
+    *s.running.fake.refresh_token.lock().unwrap() =
+        jwt(serde_json::json!({"grant_type":"refresh_token"}));
+    s.clock.advance(Duration::from_secs(42));
+    let cred = fetch(&s).await.expect("credential");
+    assert_eq!(
+        cred.expires_at(),
+        Some(s.clock.now_for_test() + FALLBACK_TTL)
+    );
+}
+
+#[tokio::test]
+async fn rule_scope_option_reaches_entra_id() {
+    let s = scenario(false).await;
+    let scope = "https://management.azure.com/.default";
+    *s.running.fake.expect_scope.lock().unwrap() = scope.to_string();
+    let target = s
+        .provider
+        .target(
+            &registry(),
+            &[("scope".to_string(), scope.to_string())]
+                .into_iter()
+                .collect(),
+        )
+        .unwrap();
+    s.provider.fetch(&target).await.expect("credential");
+    assert_eq!(s.running.fake.aad_forms.lock().unwrap()[0]["scope"], scope);
+}
+
+#[tokio::test]
+async fn slow_exchange_times_out() {
+    let running = start().await;
+    *running.fake.exchange_delay.lock().unwrap() = Some(Duration::from_secs(5));
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, SA_TOKEN).unwrap();
+    let provider = AzureProvider::builder()
+        .env(Env::from_pairs([
+            ("AZURE_CLIENT_ID", CLIENT_ID.to_string()),
+            ("AZURE_TENANT_ID", TENANT.to_string()),
+            ("AZURE_AUTHORITY_HOST", running.https.clone()),
+            (
+                "AZURE_FEDERATED_TOKEN_FILE",
+                token_file.display().to_string(),
+            ),
+            ("REGBROKER_AZURE_EXCHANGE_URL", running.exchange_url()),
+        ]))
+        .http_client(client_trusting(&running.ca_pem))
+        .timeout(Duration::from_millis(800))
+        .build()
+        .unwrap();
+    let target = provider.recognise(&registry()).unwrap();
+    let e = provider.fetch(&target).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+}
+
+#[tokio::test]
+async fn untrusted_tls_is_unavailable_not_accepted() {
+    // The provider's default client trusts only real roots, not the test CA.
+    let running = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, SA_TOKEN).unwrap();
+    let provider = AzureProvider::builder()
+        .env(Env::from_pairs([
+            ("AZURE_CLIENT_ID", CLIENT_ID.to_string()),
+            ("AZURE_TENANT_ID", TENANT.to_string()),
+            ("AZURE_AUTHORITY_HOST", running.https.clone()),
+            (
+                "AZURE_FEDERATED_TOKEN_FILE",
+                token_file.display().to_string(),
+            ),
+        ]))
+        .retry(0, Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let target = provider.recognise(&registry()).unwrap();
+    let e = provider.fetch(&target).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{}", e.chain());
+    assert_eq!(running.fake.aad_calls.load(Ordering::SeqCst), 0);
+}
+
+/// Captures every log line (all levels) of a scenario and checks no secret is in them.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn secrets_never_reach_logs() {
+    let logs = Captured::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    // Current-thread runtime: the guard covers the SDK's and hyper's tasks too.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let s = scenario(false).await;
+    fetch(&s).await.expect("credential");
+    s.running.fake.script_exchange(
+        401,
+        r#"{"errors":[{"code":"UNAUTHORIZED","message":"no"}]}"#,
+    );
+    let _ = fetch(&s).await.unwrap_err();
+    let s2 = scenario(true).await;
+    fetch(&s2).await.expect("credential");
+    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
+    assert!(
+        text.contains("Exchanging Entra ID token at ACR"),
+        "the capture works: {text}"
+    );
+    assert_no_secret(&s, &text);
+    assert_no_secret(&s2, &text);
+}
+
+trait NowForTest {
+    fn now_for_test(&self) -> SystemTime;
+}
+
+impl NowForTest for ManualClock {
+    fn now_for_test(&self) -> SystemTime {
+        regbroker_provider::Clock::now(self)
+    }
+}
+
+// ---- managed identity, in a child process -------------------------------------------
+
+const CHILD_FLAG: &str = "REGBROKER_AZURE_TEST_CHILD";
+const CHILD_CA: &str = "REGBROKER_AZURE_TEST_CA_PEM";
+const CHILD_OK: &str = "REGBROKER-AZURE-CHILD-OK";
+const CHILD_IMDS: &str = "REGBROKER_AZURE_TEST_IMDS";
+
+/// Runs `managed_identity_child` in a child process, with the App Service managed
+/// identity variables or (with `imds`) none of them, and returns the fake's record.
+async fn run_managed_identity_child(client_id: Option<&str>, imds: bool) -> Running {
+    let running = start().await;
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args([
+        "--exact",
+        "managed_identity_child",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    // Start from a clean identity env: these also steer the SDK's managed identity
+    // source selection (Service Fabric, Azure Arc, Cloud Shell, Azure ML).
+    let sdk_sources = [
+        "IDENTITY_SERVER_THUMBPRINT",
+        "IMDS_ENDPOINT",
+        "MSI_ENDPOINT",
+        "MSI_SECRET",
+    ];
+    for k in Env::NAMES.iter().chain(&sdk_sources) {
+        cmd.env_remove(k);
+    }
+    cmd.env(CHILD_FLAG, "1")
+        .env(CHILD_CA, &running.ca_pem)
+        .env("REGBROKER_AZURE_EXCHANGE_URL", running.exchange_url())
+        .env("REGBROKER_AZURE_TEST_REFRESH", running.fake.refresh_token());
+    if let Some(c) = client_id {
+        cmd.env("AZURE_CLIENT_ID", c);
+    }
+    if imds {
+        cmd.env(CHILD_IMDS, &running.http);
+    } else {
+        cmd.env("IDENTITY_ENDPOINT", running.msi_endpoint())
+            .env("IDENTITY_HEADER", MSI_HEADER);
+    }
+    let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
+        .await
+        .expect("child finished in time")
+        .expect("child ran");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains(CHILD_OK),
+        "child failed or did not run:\n{stdout}\n{stderr}"
+    );
+    running
+}
+
+#[tokio::test]
+async fn managed_identity_app_service_user_assigned() {
+    let running = run_managed_identity_child(Some(CLIENT_ID), false).await;
+    let fake = &running.fake;
+    assert_eq!(fake.msi_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(fake.imds_calls.load(Ordering::SeqCst), 0);
+    let q = fake.msi_queries.lock().unwrap()[0].clone();
+    assert_eq!(q["resource"], "https://containerregistry.azure.net");
+    assert_eq!(q["client_id"], CLIENT_ID);
+    assert_eq!(fake.aad_calls.load(Ordering::SeqCst), 0);
+    let ex = fake.exchange_forms.lock().unwrap()[0].clone();
+    assert_eq!(ex["access_token"], fake.access_token);
+    assert_eq!(
+        ex["tenant"], TOKEN_TENANT,
+        "tenant taken from the token's tid"
+    );
+}
+
+#[tokio::test]
+async fn managed_identity_app_service_system_assigned() {
+    let running = run_managed_identity_child(None, false).await;
+    let q = running.fake.msi_queries.lock().unwrap()[0].clone();
+    assert!(!q.contains_key("client_id"), "system-assigned: {q:?}");
+    assert_eq!(running.fake.exchange_calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn managed_identity_imds_user_assigned() {
+    // Without IDENTITY_ENDPOINT the SDK asks IMDS; the child's SDK transport sends that
+    // request to the fake on loopback (and refuses any other non-loopback host).
+    let running = run_managed_identity_child(Some(CLIENT_ID), true).await;
+    let fake = &running.fake;
+    assert_eq!(fake.imds_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(fake.msi_calls.load(Ordering::SeqCst), 0);
+    let q = fake.msi_queries.lock().unwrap()[0].clone();
+    assert_eq!(q["client_id"], CLIENT_ID);
+    assert_eq!(q["resource"], "https://containerregistry.azure.net");
+    assert_eq!(fake.exchange_calls.load(Ordering::SeqCst), 1);
+}
+
+/// The child side: builds the provider from the (child's own) process env, as
+/// production does, and fetches through the App Service endpoint or IMDS.
+#[tokio::test]
+#[ignore = "child process of managed_identity_*; runs only with REGBROKER_AZURE_TEST_CHILD=1"]
+async fn managed_identity_child() {
+    if std::env::var(CHILD_FLAG).as_deref() != Ok("1") {
+        println!("skipping: only meaningful as a child of managed_identity_*");
+        return;
+    }
+    let ca = std::env::var(CHILD_CA).unwrap();
+    let client = client_trusting(&ca);
+    let mut builder = AzureProvider::builder()
+        .env(Env::from_process())
+        .http_client(client.clone())
+        .retry(1, Duration::from_millis(20))
+        .timeout(Duration::from_secs(10));
+    if let Ok(fake_http) = std::env::var(CHILD_IMDS) {
+        builder = builder.sdk_http_client(Arc::new(ImdsToLoopback {
+            inner: client,
+            fake_http: fake_http.parse().unwrap(),
+        }));
+    } else {
+        // App Service: IDENTITY_ENDPOINT is a loopback URL, no redirection needed.
+        assert!(std::env::var("IDENTITY_ENDPOINT").is_ok());
+    }
+    let provider = builder.build().unwrap();
+    let target = provider.recognise(&registry()).expect("recognised");
+    assert_eq!(target.param("kind"), Some("managed"));
+    let cred = provider
+        .fetch(&target)
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.chain()));
+    assert_eq!(cred.username(), ACR_USERNAME);
+    assert_eq!(
+        cred.secret().expose_secret(),
+        std::env::var("REGBROKER_AZURE_TEST_REFRESH").unwrap()
+    );
+    assert_eq!(
+        cred.expires_at(),
+        Some(SystemTime::UNIX_EPOCH + Duration::from_secs(REFRESH_EXP))
+    );
+    println!("{CHILD_OK}");
+}
