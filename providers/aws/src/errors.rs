@@ -157,7 +157,9 @@ pub fn map_credentials_error(err: &CredentialsError) -> Error {
             } else if has_code(err, THROTTLED_CODES) {
                 Error::throttled("loading the AWS identity was throttled")
             } else {
-                Error::identity_rejected("the AWS identity was found but refused")
+                Error::identity_rejected(
+                    "an AWS identity is configured but could not be used or was refused (the broker log has the cause)",
+                )
             }
         }
         _ => Error::unavailable("loading the AWS identity failed"),
