@@ -13,6 +13,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod fake;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
