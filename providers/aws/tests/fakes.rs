@@ -274,3 +274,25 @@ async fn no_identity_at_all_is_identity_missing_naming_what_was_looked_for() {
         "ECR was called without an identity"
     );
 }
+
+#[tokio::test]
+async fn ecr_public_endpoint_env_var_is_honoured() {
+    let fake = Fake::start(Mode::Ok).await;
+    let mut env = hermetic_env();
+    env.extend([
+        ("AWS_ACCESS_KEY_ID", "AKIDENVTEST000000001".to_string()),
+        ("AWS_SECRET_ACCESS_KEY", "env-secret".to_string()),
+        ("AWS_ENDPOINT_URL", closed_url()),
+        ("AWS_ENDPOINT_URL_ECR_PUBLIC", fake.url.clone()),
+    ]);
+    let got = run_child("public.ecr.aws", "", &env).await;
+    assert_eq!(
+        got,
+        Outcome::Ok(
+            "AWS".into(),
+            fake::PUBLIC_PASSWORD.into(),
+            Some(fake::EXPIRES_AT)
+        )
+    );
+    fake.seen(|s| assert_eq!(s.access_keys, ["AKIDENVTEST000000001"]));
+}
