@@ -296,3 +296,54 @@ async fn ecr_public_endpoint_env_var_is_honoured() {
     );
     fake.seen(|s| assert_eq!(s.access_keys, ["AKIDENVTEST000000001"]));
 }
+
+#[tokio::test]
+async fn irsa_with_sts_unreachable_is_unavailable_not_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "eyJhbGciOiJSUzI1NiJ9.e30.c2ln").unwrap();
+    let mut env = hermetic_env();
+    env.extend([
+        (
+            "AWS_ROLE_ARN",
+            "arn:aws:iam::123456789012:role/irsa-puller".to_string(),
+        ),
+        (
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            token_file.display().to_string(),
+        ),
+        ("AWS_ENDPOINT_URL", closed_url()),
+    ]);
+    let Outcome::Err(code, msg) = run_child(ECR_HOST, "", &env).await else {
+        panic!("STS is unreachable");
+    };
+    assert_eq!(code, "upstream_unavailable", "{msg}");
+}
+
+#[tokio::test]
+async fn sts_refusing_the_web_identity_is_identity_rejected() {
+    // The fake's STS answers AccessDenied to AssumeRoleWithWebIdentity; moto accepts
+    // every token, so it cannot play this.
+    let fake = Fake::start(Mode::Ok).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "eyJhbGciOiJSUzI1NiJ9.e30.c2ln").unwrap();
+    let mut env = hermetic_env();
+    env.extend([
+        (
+            "AWS_ROLE_ARN",
+            "arn:aws:iam::123456789012:role/irsa-puller".to_string(),
+        ),
+        (
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            token_file.display().to_string(),
+        ),
+        ("AWS_ENDPOINT_URL_STS", format!("{}/sts-denies", fake.url)),
+        ("AWS_ENDPOINT_URL", fake.url.clone()),
+    ]);
+    let Outcome::Err(code, msg) = run_child(ECR_HOST, "", &env).await else {
+        panic!("STS refused the token");
+    };
+    assert_eq!(code, "identity_rejected", "{msg}");
+    assert_eq!(fake.seen(|s| s.ecr_calls), 0);
+}

@@ -190,6 +190,15 @@ async fn handle(
         );
     }
 
+    // STS refusing every web identity token (awsQuery error document).
+    if path.starts_with("/sts-denies") {
+        return reply(
+            400,
+            "text/xml",
+            r#"<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><Error><Type>Sender</Type><Code>AccessDenied</Code><Message>Not authorized to perform sts:AssumeRoleWithWebIdentity</Message></Error><RequestId>1</RequestId></ErrorResponse>"#.into(),
+        );
+    }
+
     // ECR and ECR Public (awsJson1_1, POST /).
     let target = header("x-amz-target").unwrap_or_default();
     let public = match target.as_str() {
