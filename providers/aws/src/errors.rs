@@ -88,6 +88,9 @@ where
         SdkError::DispatchFailure(d) if d.is_timeout() => {
             Error::timed_out(format!("{what} timed out"))
         }
+        SdkError::DispatchFailure(d) if d.is_user() => Error::invalid_config(format!(
+            "{what} could not be sent (check the endpoint settings, e.g. AWS_ENDPOINT_URL)"
+        )),
         SdkError::DispatchFailure(_) => {
             Error::unavailable(format!("{what} failed: the endpoint could not be reached"))
         }

@@ -347,3 +347,68 @@ async fn sts_refusing_the_web_identity_is_identity_rejected() {
     assert_eq!(code, "identity_rejected", "{msg}");
     assert_eq!(fake.seen(|s| s.ecr_calls), 0);
 }
+
+#[tokio::test]
+async fn requests_are_signed_with_the_injected_clock() {
+    let fake = Fake::start(Mode::Ok).await;
+    // 1_767_225_600 is 2026-01-01T00:00:00Z.
+    let clock =
+        regbroker_provider::ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_767_225_600));
+    let p = AwsProvider::builder()
+        .endpoint_url(&fake.url)
+        .credentials(SharedCredentialsProvider::new(Credentials::new(
+            "AKIDEXPLICITTEST0001",
+            "explicit-secret-s3cr3t",
+            None,
+            None,
+            "test",
+        )))
+        .calls(quick_calls())
+        .clock(std::sync::Arc::new(clock))
+        .build();
+    fetch(&p, ECR_HOST).await.unwrap();
+    fake.seen(|s| assert_eq!(s.scopes, ["20260101/eu-west-1/ecr"]));
+}
+
+/// Counts how often the SDK asks for the base identity.
+#[derive(Clone, Debug, Default)]
+struct CountingIdentity(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl aws_credential_types::provider::ProvideCredentials for CountingIdentity {
+    fn provide_credentials<'a>(
+        &'a self,
+    ) -> aws_credential_types::provider::future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        aws_credential_types::provider::future::ProvideCredentials::ready(Ok(Credentials::new(
+            "AKIDCOUNTING00000001",
+            "counting-secret",
+            None,
+            None,
+            "counting",
+        )))
+    }
+}
+
+#[tokio::test]
+async fn identity_is_loaded_once_across_fetches_and_regions() {
+    let fake = Fake::start(Mode::Ok).await;
+    let identity = CountingIdentity::default();
+    let p = AwsProvider::builder()
+        .endpoint_url(&fake.url)
+        .credentials(SharedCredentialsProvider::new(identity.clone()))
+        .calls(quick_calls())
+        .build();
+    for host in [
+        ECR_HOST,
+        ECR_HOST,
+        "123456789012.dkr.ecr.us-west-2.amazonaws.com",
+        "public.ecr.aws",
+    ] {
+        fetch(&p, host).await.unwrap();
+    }
+    assert_eq!(fake.seen(|s| s.ecr_calls + s.public_calls), 4);
+    assert_eq!(identity.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
