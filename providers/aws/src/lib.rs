@@ -217,6 +217,12 @@ impl Builder {
     }
 }
 
+/// Most clients kept at once. The region comes from the client's host, so a caller could
+/// name many made-up regions; past this many the map starts afresh (a client is cheap to
+/// rebuild: the base identity cache lives in the shared SDK config; a `role_arn` client
+/// costs one more AssumeRole).
+const MAX_CLIENTS: usize = 64;
+
 /// Clients are kept per (role, region) so the SDK's identity cache (and any assumed role
 /// session) is reused across fetches.
 type ClientKey = (Option<String>, String);
@@ -321,7 +327,11 @@ impl AwsProvider {
             conf = conf.credentials_provider(creds);
         }
         let client = aws_sdk_ecr::Client::from_conf(conf.build());
-        lock(&self.ecr).entry(key).or_insert(client).clone()
+        let mut clients = lock(&self.ecr);
+        if clients.len() >= MAX_CLIENTS {
+            clients.clear();
+        }
+        clients.entry(key).or_insert(client).clone()
     }
 
     async fn public_client(&self, role_arn: Option<&str>) -> aws_sdk_ecrpublic::Client {
@@ -336,7 +346,11 @@ impl AwsProvider {
             conf = conf.credentials_provider(creds);
         }
         let client = aws_sdk_ecrpublic::Client::from_conf(conf.build());
-        lock(&self.public).entry(key).or_insert(client).clone()
+        let mut clients = lock(&self.public);
+        if clients.len() >= MAX_CLIENTS {
+            clients.clear();
+        }
+        clients.entry(key).or_insert(client).clone()
     }
 
     /// Exchanges the identity for an ECR credential for `target` (see [`Provider::fetch`]).
