@@ -1,0 +1,67 @@
+//! Opt-in end-to-end test against real AWS, meant to run in a pod on EKS with IRSA or
+//! EKS Pod Identity (see "End-to-end test on EKS" in the crate README).
+//!
+//! Env vars: `REGBROKER_E2E_EKS=1` enables it; `REGBROKER_E2E_ECR_REGISTRY` names the
+//! registry (`<account>.dkr.ecr.<region>.amazonaws.com` or `public.ecr.aws`);
+//! `REGBROKER_E2E_ROLE_ARN` (optional) also checks the `role_arn` rule option. The
+//! identity comes from the pod's environment through aws-config's default chain.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use regbroker_aws::AwsProvider;
+use regbroker_provider::{ExposeSecret, Options, Provider, Registry, system_clock};
+
+#[tokio::test]
+async fn real_ecr_credential_is_fetched_on_eks() {
+    if std::env::var("REGBROKER_E2E_EKS").as_deref() != Ok("1") {
+        eprintln!(
+            "SKIP: set REGBROKER_E2E_EKS=1 and REGBROKER_E2E_ECR_REGISTRY=<host> to run the EKS end-to-end test (see providers/aws/README.md)"
+        );
+        return;
+    }
+    let host = std::env::var("REGBROKER_E2E_ECR_REGISTRY")
+        .expect("REGBROKER_E2E_ECR_REGISTRY=<account>.dkr.ecr.<region>.amazonaws.com is required");
+    let registry = Registry::parse(&host).unwrap();
+    let provider = AwsProvider::from_env();
+    let target = provider
+        .recognise(&registry)
+        .unwrap_or_else(|| panic!("{host} is not an ECR host"));
+
+    let mut targets = vec![("identity of the pod", target)];
+    if let Ok(role) = std::env::var("REGBROKER_E2E_ROLE_ARN") {
+        let options: Options = [("role_arn".to_string(), role)].into_iter().collect();
+        targets.push((
+            "role_arn option",
+            provider.target(&registry, &options).unwrap(),
+        ));
+    }
+    let now = system_clock().now();
+    for (what, target) in targets {
+        let c = provider
+            .fetch(&target)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {} ({})", e.chain(), e.kind().code()));
+        assert_eq!(c.username(), "AWS", "{what}");
+        // ECR passwords are long base64 blobs (a JSON payload with a signature).
+        assert!(
+            c.secret().expose_secret().len() > 100,
+            "{what}: password too short"
+        );
+        let expires = c.expires_at().expect("ECR gives an expiry");
+        // ECR tokens live 12 hours.
+        assert!(
+            expires > now + Duration::from_secs(11 * 3600),
+            "{what}: expiry too close"
+        );
+        assert!(
+            expires < now + Duration::from_secs(13 * 3600),
+            "{what}: expiry too far"
+        );
+        eprintln!(
+            "{what}: fetched a credential for {host}, expiring at unix {}",
+            expires.duration_since(UNIX_EPOCH).unwrap().as_secs()
+        );
+    }
+}
