@@ -10,6 +10,8 @@
 
 mod common;
 
+use common::federation::{AUDIENCE, Federation, external_account, start_federation};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
@@ -22,7 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use common::{Fake, Seen, closed_port, fetch, form, provider, test_key, write};
+use common::{Fake, Seen, clock_now, closed_port, fetch, form, provider, test_key, write};
 use regbroker_gcp::{FALLBACK_TTL, OAUTH_SCOPE, USERNAME};
 use regbroker_provider::{ErrorKind, ExposeSecret, ManualClock};
 use serde_json::json;
@@ -463,94 +465,6 @@ async fn credentials_file_problems_name_the_env_var() {
 // external_account (workload identity federation)
 // ---------------------------------------------------------------------------------------
 
-#[derive(Clone, Default)]
-struct Federation {
-    sts: Seen,
-    iam: Seen,
-    issued: Arc<AtomicUsize>,
-}
-
-/// sts.googleapis.com's token exchange: checks the RFC 8693 form.
-async fn sts_token(State(s): State<Federation>, headers: HeaderMap, body: String) -> Response {
-    s.sts.push(&headers, &body);
-    let f = form(&body);
-    let ok = f.get("grant_type").map(String::as_str)
-        == Some("urn:ietf:params:oauth:grant-type:token-exchange")
-        && f.get("requested_token_type").map(String::as_str)
-            == Some("urn:ietf:params:oauth:token-type:access_token")
-        && f.get("subject_token").is_some_and(|t| t.starts_with("eyJ"));
-    if !ok {
-        return (
-            StatusCode::BAD_REQUEST,
-            axum::Json(json!({"error": "invalid_request"})),
-        )
-            .into_response();
-    }
-    let n = s.issued.fetch_add(1, Ordering::SeqCst) + 1;
-    axum::Json(json!({
-        "access_token": format!("ya29.sts-{n}"),
-        "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
-        "token_type": "Bearer",
-        "expires_in": 3600,
-    }))
-    .into_response()
-}
-
-/// iamcredentials.googleapis.com's generateAccessToken: needs the STS token as bearer.
-async fn generate_access_token(
-    State(s): State<Federation>,
-    headers: HeaderMap,
-    body: String,
-) -> Response {
-    s.iam.push(&headers, &body);
-    let auth = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if !auth.starts_with("Bearer ya29.sts-") {
-        return (
-            StatusCode::UNAUTHORIZED,
-            axum::Json(json!({"error": {"code": 401, "status": "UNAUTHENTICATED"}})),
-        )
-            .into_response();
-    }
-    // A fixed expiry the test can predict: 2026-01-01T00:30:00Z (ManualClock::fixed + 30 min).
-    axum::Json(json!({"accessToken": "ya29.impersonated", "expireTime": "2026-01-01T00:30:00Z"}))
-        .into_response()
-}
-
-async fn start_federation(state: Federation) -> Fake {
-    Fake::start(
-        Router::new()
-            .route("/v1/token", post(sts_token))
-            .route(
-                "/v1/projects/-/serviceAccounts/{sa}",
-                post(generate_access_token),
-            )
-            .with_state(state),
-    )
-    .await
-}
-
-const AUDIENCE: &str =
-    "//iam.googleapis.com/projects/123/locations/global/workloadIdentityPools/eks/providers/oidc";
-
-fn external_account(fake: &Fake, token_file: &str, impersonate: bool) -> serde_json::Value {
-    let mut v = json!({
-        "type": "external_account",
-        "audience": AUDIENCE,
-        "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
-        "token_url": fake.url("/v1/token"),
-        "credential_source": {"file": token_file, "format": {"type": "text"}},
-    });
-    if impersonate {
-        v["service_account_impersonation_url"] = json!(fake.url(
-            "/v1/projects/-/serviceAccounts/puller@p.iam.gserviceaccount.com:generateAccessToken"
-        ));
-    }
-    v
-}
-
 #[tokio::test]
 async fn external_account_file_token_is_exchanged_at_the_sts() {
     let fed = Federation::default();
@@ -707,76 +621,4 @@ async fn sts_rejection_is_identity_rejected() {
     let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
     let e = fetch(&p, "gcr.io").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::IdentityRejected, "{}", e.chain());
-}
-
-// ---------------------------------------------------------------------------------------
-// Secrets stay out of logs, errors and Debug
-// ---------------------------------------------------------------------------------------
-
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-#[tokio::test]
-async fn secrets_never_reach_logs_errors_or_debug() {
-    let logs = Captured::default();
-    let sink = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || sink.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-
-    let fed = Federation::default();
-    let fake = start_federation(fed.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = write(&dir, "token", "eyJ.subject-secret");
-    let creds = write(
-        &dir,
-        "creds.json",
-        &external_account(&fake, &token_file, true).to_string(),
-    );
-    let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
-    let cred = fetch(&p, "gcr.io").await.unwrap();
-    let shown = format!("{cred:?} {p:?}");
-
-    // A failure path too: the subject token is refused by IAM after STS.
-    std::fs::write(&token_file, "not-a-jwt-secret").unwrap();
-    let e = fetch(&p, "gcr.io").await.unwrap_err();
-    let error_text = format!("{e} {} {e:?}", e.chain());
-
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    assert!(
-        logs.contains("Fetched Google access token"),
-        "logging was captured: {logs}"
-    );
-    for secret in [
-        "ya29.sts-1",
-        "ya29.impersonated",
-        "subject-secret",
-        "not-a-jwt-secret",
-    ] {
-        assert!(!logs.contains(secret), "{secret} in logs: {logs}");
-        assert!(!shown.contains(secret), "{secret} in Debug: {shown}");
-        assert!(
-            !error_text.contains(secret),
-            "{secret} in error: {error_text}"
-        );
-    }
-}
-
-fn clock_now(clock: &ManualClock) -> std::time::SystemTime {
-    use regbroker_provider::Clock;
-    clock.now()
 }

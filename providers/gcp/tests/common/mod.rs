@@ -8,6 +8,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod federation;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -161,4 +163,10 @@ fn decode(s: &str) -> String {
 pub fn closed_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
+}
+
+/// The manual clock's time.
+pub fn clock_now(clock: &ManualClock) -> std::time::SystemTime {
+    use regbroker_provider::Clock;
+    clock.now()
 }
