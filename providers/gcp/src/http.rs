@@ -18,7 +18,7 @@ pub struct HttpSettings {
     /// Longest wait for a whole request, body included.
     pub request_timeout: Duration,
     /// How many times a call is made at most when the upstream answers 5xx or 429, or
-    /// cannot be reached (1 = no retry).
+    /// refuses the connection (1 = no retry).
     pub attempts: u32,
     /// Delay before the first retry; doubles for each further retry.
     pub backoff: Duration,
@@ -75,14 +75,31 @@ enum Failure {
 impl Failure {
     fn retryable(&self) -> bool {
         match self {
-            Failure::Connect(_) => true,
+            // A refused connection may be a metadata server still starting (GKE pods can
+            // start before it); a connect timeout is not retried, so that a host without
+            // one fails after one connect timeout rather than several.
+            Failure::Connect(e) => !e.is_timeout(),
             Failure::Status(s, _) => *s == 429 || *s >= 500,
             Failure::Timeout(_) | Failure::Other(_) => false,
         }
     }
 }
 
-/// Sends the request `build` makes, retrying 5xx, 429 and connection failures with
+/// Builds a client: no redirects (a token endpoint that redirects is not followed, so a
+/// form holding an assertion or subject token is never re-sent elsewhere), bounded
+/// timeouts, and a proxy only when `proxy` is set.
+pub(crate) fn client(settings: &HttpSettings, proxy: bool) -> Result<reqwest::Client, Error> {
+    let builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(settings.connect_timeout)
+        .timeout(settings.request_timeout);
+    let builder = if proxy { builder } else { builder.no_proxy() };
+    builder
+        .build()
+        .map_err(|e| Error::invalid_config("cannot build the HTTP client").with_source(e))
+}
+
+/// Sends the request `build` makes, retrying 5xx, 429 and refused connections with
 /// exponential backoff, and maps the final failure to an error kind.
 ///
 /// `what` names the upstream in error messages (`GCE metadata server at 127.0.0.1:8080`);

@@ -74,19 +74,10 @@ impl Identity {
                 settings,
             )?),
         };
-        let build = |proxy: bool| {
-            let b = reqwest::Client::builder()
-                .connect_timeout(settings.connect_timeout)
-                .timeout(settings.request_timeout)
-                .https_only(false);
-            let b = if proxy { b } else { b.no_proxy() };
-            b.build()
-                .map_err(|e| Error::invalid_config("cannot build the HTTP client").with_source(e))
-        };
         let identity = Identity {
             source,
-            api: build(true)?,
-            local: build(false)?,
+            api: http::client(settings, true)?,
+            local: http::client(settings, false)?,
         };
         tracing::info!(identity = %identity.describe(), "Loaded GCP identity");
         Ok(identity)

@@ -38,14 +38,9 @@ impl Metadata {
                 "GCE_METADATA_HOST must be a host or host:port, without a scheme or a path",
             ));
         }
-        let client = reqwest::Client::builder()
-            // The metadata server is link-local: a proxy would at best not reach it and
-            // at worst receive the token.
-            .no_proxy()
-            .connect_timeout(settings.connect_timeout)
-            .timeout(settings.request_timeout)
-            .build()
-            .map_err(|e| Error::invalid_config("cannot build the HTTP client").with_source(e))?;
+        // The metadata server is link-local: a proxy would at best not reach it and at
+        // worst receive the token.
+        let client = http::client(settings, false)?;
         Ok(Metadata { host, client })
     }
 

@@ -416,6 +416,47 @@ async fn wrong_key_signature_is_refused_by_the_fake() {
 }
 
 #[tokio::test]
+async fn a_redirecting_token_endpoint_is_not_followed() {
+    // The redirect target records whatever reaches it: the signed assertion must not.
+    let elsewhere = Seen::default();
+    let sink = elsewhere.clone();
+    let other = Fake::start(
+        Router::new().fallback(move |headers: HeaderMap, body: String| {
+            let sink = sink.clone();
+            async move {
+                sink.push(&headers, &body);
+                axum::Json(json!({"access_token": "ya29.stolen", "expires_in": 3600}))
+            }
+        }),
+    )
+    .await;
+    let target = other.url("/token");
+    let redirector = Fake::start(Router::new().route(
+        "/token",
+        post(move || {
+            let target = target.clone();
+            async move { (StatusCode::TEMPORARY_REDIRECT, [("location", target)]) }
+        }),
+    ))
+    .await;
+    let key = test_key();
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = write(
+        &dir,
+        "key.json",
+        &json!({"type": "service_account", "private_key": key.pem,
+                "client_email": "a@p.iam.gserviceaccount.com", "token_uri": redirector.url("/token")})
+        .to_string(),
+    );
+    let clock = ManualClock::fixed();
+    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &key_file)], &clock);
+    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::BadResponse, "{}", e.chain());
+    assert!(e.message().contains("307"), "{e}");
+    assert_eq!(elsewhere.count(), 0, "the redirect was followed");
+}
+
+#[tokio::test]
 async fn plain_http_token_uri_off_loopback_is_invalid_config() {
     let key = test_key();
     let dir = tempfile::tempdir().unwrap();
