@@ -16,6 +16,7 @@ use aws_lc_rs::signature::{RSA_PKCS1_SHA256, RsaKeyPair};
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use regbroker_provider::{Error, ExposeSecret, SecretString, SharedClock};
+use secrecy::zeroize::Zeroize;
 use serde::Deserialize;
 
 use crate::http::{self, HttpSettings, OAuthToken, Upstream};
@@ -181,11 +182,12 @@ fn pem_to_der(pem: &str) -> Option<SecretBytes> {
             b64.push_str(line);
         }
     }
-    let der = STANDARD.decode(b64.as_bytes()).ok()?;
-    (!der.is_empty()).then_some(SecretBytes(der))
+    let der = STANDARD.decode(b64.as_bytes()).ok();
+    b64.zeroize();
+    der.filter(|d| !d.is_empty()).map(SecretBytes)
 }
 
-/// Key bytes, zeroed... at least never printed.
+/// Private key bytes: never printed, zeroed on drop.
 struct SecretBytes(Vec<u8>);
 
 impl SecretBytes {
@@ -196,7 +198,7 @@ impl SecretBytes {
 
 impl Drop for SecretBytes {
     fn drop(&mut self) {
-        self.0.iter_mut().for_each(|b| *b = 0);
+        self.0.zeroize();
     }
 }
 

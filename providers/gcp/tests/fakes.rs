@@ -614,6 +614,46 @@ async fn json_formatted_subject_token_is_read_from_its_field() {
 }
 
 #[tokio::test]
+async fn url_sourced_subject_token_is_fetched_with_its_headers() {
+    let fed = Federation::default();
+    let fake = start_federation(fed.clone()).await;
+    let subject_seen = Seen::default();
+    let sink = subject_seen.clone();
+    // Stands in for a cloud's instance metadata token URL (e.g. Azure IMDS).
+    let subject = Fake::start(Router::new().route(
+        "/identity",
+        get(move |headers: HeaderMap| {
+            let sink = sink.clone();
+            async move {
+                sink.push(&headers, "");
+                if headers.get("metadata").and_then(|v| v.to_str().ok()) != Some("true") {
+                    return StatusCode::BAD_REQUEST.into_response();
+                }
+                axum::Json(json!({"access_token": "eyJ.from-url"})).into_response()
+            }
+        }),
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = external_account(&fake, "/unused", false);
+    config["credential_source"] = json!({
+        "url": subject.url("/identity"),
+        "headers": {"Metadata": "true"},
+        "format": {"type": "json", "subject_token_field_name": "access_token"},
+    });
+    let creds = write(&dir, "creds.json", &config.to_string());
+    let clock = ManualClock::fixed();
+    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let cred = fetch(&p, "gcr.io").await.unwrap();
+    assert_eq!(cred.secret().expose_secret(), "ya29.sts-1");
+    assert_eq!(subject_seen.count(), 1);
+    assert_eq!(
+        form(&fed.sts.all()[0].body)["subject_token"],
+        "eyJ.from-url"
+    );
+}
+
+#[tokio::test]
 async fn missing_subject_token_file_is_identity_missing() {
     let fed = Federation::default();
     let fake = start_federation(fed.clone()).await;
