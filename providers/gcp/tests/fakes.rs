@@ -185,6 +185,36 @@ async fn no_metadata_server_is_identity_missing_naming_the_env_vars() {
 }
 
 #[tokio::test]
+async fn malformed_metadata_host_is_invalid_config() {
+    let clock = ManualClock::fixed();
+    let p = provider(&[("GCE_METADATA_HOST", "http://169.254.169.254/")], &clock);
+    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{}", e.chain());
+    assert!(e.message().contains("GCE_METADATA_HOST"), "{e}");
+}
+
+#[tokio::test]
+async fn an_explicit_rule_serves_a_custom_domain_with_the_same_credential() {
+    use regbroker_provider::{Options, Provider, Registry};
+    let mds = Mds::default();
+    let fake = start_mds(mds.clone()).await;
+    let clock = ManualClock::fixed();
+    let host = fake.addr.to_string();
+    let p = provider(&[("GCE_METADATA_HOST", &host)], &clock);
+    let custom = Registry::parse("images.example.com").unwrap();
+    assert!(p.recognise(&custom).is_none(), "never auto-detected");
+    let target = p.target(&custom, &Options::new()).unwrap();
+    assert_eq!(
+        target.scope(),
+        p.recognise(&Registry::parse("gcr.io").unwrap())
+            .unwrap()
+            .scope()
+    );
+    let cred = p.fetch(&target).await.unwrap();
+    assert_eq!(cred.secret().expose_secret(), "ya29.mds-1");
+}
+
+#[tokio::test]
 async fn metadata_that_hangs_times_out() {
     let mds = Mds {
         delay: Some(Duration::from_secs(5)),
