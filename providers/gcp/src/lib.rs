@@ -1,27 +1,157 @@
-//! regbroker provider for Google Artifact Registry and GCR.
+//! regbroker provider for Google Artifact Registry (`<location>-docker.pkg.dev`), Container
+//! Registry (`gcr.io`, `<x>.gcr.io`) and Artifact Registry in S3NS (`docker.s3nsregistry.fr`).
 //!
-//! Not implemented yet: this crate recognises no host and serves no credential, so
-//! auto-detection never routes a registry here and an explicit rule answers "not
-//! configured". It exists so the plumbing (cargo feature, registration, rule options)
-//! is in place; the exchange lands with its own issue.
+//! Env vars read (lazily, on the first fetch, never at construction):
+//! - `GOOGLE_APPLICATION_CREDENTIALS`: a `service_account` key or an `external_account`
+//!   (workload identity federation) credentials file. When unset, the metadata server.
+//! - `GCE_METADATA_HOST`: the metadata server address (default `169.254.169.254`).
+//! - `HTTPS_PROXY` / `NO_PROXY`: for calls to Google's token endpoints (never for the
+//!   metadata server or loopback / link-local endpoints).
+//!
+//! The credential is username `oauth2accesstoken` and password an OAuth 2.0 access token
+//! for the scope `https://www.googleapis.com/auth/cloud-platform`, valid for every Google
+//! registry host, so every recognised host gets the same cache scope
+//! ([`CACHE_SCOPE`]): one token serves `gcr.io`, `eu.gcr.io` and every
+//! `*-docker.pkg.dev`. Its expiry is the token's own (`expires_in`, or `expireTime` when
+//! impersonating).
+//!
+//! See README.md for the IAM roles, GKE Workload Identity setup and the library choice.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-use regbroker_provider::{
-    BoxFuture, Credential, Error, Options, Provider, Registry, Target, check_known_options,
-};
+mod external_account;
+mod hosts;
+mod http;
+mod identity;
+mod metadata;
+mod service_account;
+mod token;
+mod url;
 
-/// The Google Artifact Registry and GCR provider (not implemented yet).
-#[derive(Debug, Default)]
+use std::collections::BTreeMap;
+use std::fmt;
+
+use regbroker_provider::{
+    BoxFuture, Credential, Error, Options, Provider, Registry, SharedClock, Target,
+    check_known_options, system_clock,
+};
+use tokio::sync::OnceCell;
+
+pub use http::HttpSettings;
+pub use identity::{CREDENTIALS_ENV, METADATA_HOST_ENV};
+pub use metadata::DEFAULT_METADATA_HOST;
+pub use token::FALLBACK_TTL;
+
+use identity::{Env, Identity};
+
+/// The registry username that marks the password as a Google access token.
+pub const USERNAME: &str = "oauth2accesstoken";
+
+/// The OAuth 2.0 scope requested for service-account and external_account tokens.
+pub const OAUTH_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
+
+/// The cache scope of every target: one credential per process identity serves every
+/// Google registry host.
+pub const CACHE_SCOPE: &str = "application-default";
+
+/// Rule options this provider accepts: none. The identity comes from the environment, and
+/// the token is the same for every Google registry, so a rule has nothing to choose.
+pub const KNOWN_OPTIONS: &[&str] = &[];
+
+/// The Google Artifact Registry and Container Registry provider.
 pub struct GcpProvider {
-    _private: (),
+    env: Env,
+    clock: SharedClock,
+    http: HttpSettings,
+    identity: OnceCell<Identity>,
+}
+
+impl fmt::Debug for GcpProvider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GcpProvider")
+            .field("env", &self.env)
+            .field("http", &self.http)
+            .field("identity_loaded", &self.identity.initialized())
+            .finish_non_exhaustive()
+    }
 }
 
 impl GcpProvider {
-    /// A provider that reads its identity from the environment when first used.
+    /// A provider that reads its identity from the process environment on first use.
+    /// Does no I/O.
     pub fn from_env() -> GcpProvider {
-        GcpProvider::default()
+        GcpProvider::builder().build()
+    }
+
+    /// A builder for explicit settings (tests, embedding).
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    async fn fetch_credential(&self, target: &Target) -> Result<Credential, Error> {
+        let identity = self
+            .identity
+            .get_or_try_init(|| Identity::load(&self.env, &self.http))
+            .await?;
+        let token = identity.token(&self.http, &self.clock, OAUTH_SCOPE).await?;
+        tracing::debug!(
+            registry = %target.registry(),
+            identity = %identity.describe(),
+            expires_at = ?token.expires_at,
+            "Fetched Google access token"
+        );
+        Ok(Credential::new(
+            USERNAME,
+            token.secret,
+            Some(token.expires_at),
+        ))
+    }
+}
+
+/// Builds a [`GcpProvider`] with explicit settings.
+#[derive(Debug, Default)]
+pub struct Builder {
+    env: Option<BTreeMap<String, String>>,
+    clock: Option<SharedClock>,
+    http: Option<HttpSettings>,
+}
+
+impl Builder {
+    /// Reads `GOOGLE_APPLICATION_CREDENTIALS` and `GCE_METADATA_HOST` from this map instead
+    /// of the process environment (a variable absent from the map is unset).
+    pub fn env<K: Into<String>, V: Into<String>>(
+        mut self,
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Builder {
+        self.env = Some(
+            vars.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        );
+        self
+    }
+
+    /// The clock that stamps token expiry and assertion times (default: the system clock).
+    pub fn clock(mut self, clock: SharedClock) -> Builder {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Timeouts and retries (default: [`HttpSettings::default`]).
+    pub fn http(mut self, http: HttpSettings) -> Builder {
+        self.http = Some(http);
+        self
+    }
+
+    /// The provider. Does no I/O.
+    pub fn build(self) -> GcpProvider {
+        GcpProvider {
+            env: self.env.map(Env::Map).unwrap_or(Env::Process),
+            clock: self.clock.unwrap_or_else(system_clock),
+            http: self.http.unwrap_or_default(),
+            identity: OnceCell::new(),
+        }
     }
 }
 
@@ -30,25 +160,76 @@ impl Provider for GcpProvider {
         "gcp"
     }
 
-    fn recognise(&self, _registry: &Registry) -> Option<Target> {
-        None
+    fn recognise(&self, registry: &Registry) -> Option<Target> {
+        let kind = hosts::classify(registry)?;
+        Some(Target::new(registry.clone(), CACHE_SCOPE).with_param("host_kind", kind.as_str()))
     }
 
     fn check_options(&self, options: &Options) -> Result<(), String> {
-        check_known_options("gcp", options, &[])
+        check_known_options("gcp", options, KNOWN_OPTIONS)
     }
 
-    fn target(&self, registry: &Registry, _options: &Options) -> Result<Target, Error> {
-        Err(Error::not_configured(format!(
-            "the gcp provider is not implemented in this build; {registry} cannot be served by it"
-        )))
+    fn target(&self, registry: &Registry, options: &Options) -> Result<Target, Error> {
+        self.check_options(options).map_err(Error::invalid_config)?;
+        let kind = hosts::classify(registry).map_or("custom", |k| k.as_str());
+        Ok(Target::new(registry.clone(), CACHE_SCOPE).with_param("host_kind", kind))
     }
 
-    fn fetch<'a>(&'a self, _target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
-        Box::pin(async {
-            Err(Error::not_configured(
-                "the gcp provider is not implemented in this build",
-            ))
+    fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
+        Box::pin(self.fetch_credential(target))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reg(s: &str) -> Registry {
+        Registry::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn every_google_host_shares_one_cache_scope() {
+        let p = GcpProvider::builder().env([("X", "Y")]).build();
+        let scopes: Vec<String> = [
+            "gcr.io",
+            "eu.gcr.io",
+            "europe-west1-docker.pkg.dev",
+            "us-docker.pkg.dev",
+            "docker.s3nsregistry.fr",
+        ]
+        .iter()
+        .map(|h| {
+            p.recognise(&reg(h))
+                .unwrap_or_else(|| panic!("{h} not recognised"))
+                .scope()
+                .to_string()
         })
+        .collect();
+        assert!(scopes.iter().all(|s| s == CACHE_SCOPE), "{scopes:?}");
+        let custom = p
+            .target(&reg("registry.example.com:8443"), &Options::new())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(custom.scope(), CACHE_SCOPE);
+        assert_eq!(custom.param("host_kind"), Some("custom"));
+    }
+
+    #[test]
+    fn unknown_options_are_rejected_by_name() {
+        let p = GcpProvider::from_env();
+        assert!(p.check_options(&Options::new()).is_ok());
+        let mut o = Options::new();
+        o.insert("project".into(), "p".into());
+        let e = p.check_options(&o).err().unwrap_or_default();
+        assert!(e.contains("`project`"), "{e}");
+        let e = p.target(&reg("gcr.io"), &o).err().map(|e| e.kind());
+        assert_eq!(e, Some(regbroker_provider::ErrorKind::InvalidConfig));
+    }
+
+    #[test]
+    fn from_env_does_no_io_and_loads_nothing() {
+        let p = GcpProvider::from_env();
+        assert!(!p.identity.initialized());
+        assert_eq!(p.name(), "gcp");
     }
 }

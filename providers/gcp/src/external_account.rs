@@ -1,0 +1,400 @@
+//! Workload identity federation: an `"type": "external_account"` credentials file (from
+//! `gcloud iam workload-identity-pools create-cred-config`), as used from EKS, AKS or
+//! on-premises clusters.
+//!
+//! Reads, from the credentials file: `audience`, `subject_token_type`, `token_url`
+//! (default `https://sts.googleapis.com/v1/token`), `credential_source` (`file`, or `url`
+//! with optional `headers`; `format` `text` or `json` with `subject_token_field_name`),
+//! optional `service_account_impersonation_url` and
+//! `service_account_impersonation.token_lifetime_seconds`, optional `client_id` /
+//! `client_secret` and `workforce_pool_user_project`. Executable- and AWS-sourced
+//! credentials (`credential_source.executable`, `environment_id`) are not supported:
+//! use a file-sourced token (the pod's projected service-account token) instead.
+//!
+//! Flow: read the subject token afresh on every fetch (projected tokens rotate), exchange
+//! it at the STS (RFC 8693 token exchange), then, if an impersonation URL is set, call
+//! IAM Credentials `generateAccessToken` with the STS token.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use regbroker_provider::{Error, ExposeSecret, SecretString, SharedClock};
+use serde::Deserialize;
+
+use crate::http::{self, HttpSettings, OAuthToken, Upstream};
+use crate::service_account::host_of;
+use crate::token::AccessToken;
+use crate::url::{checked_endpoint, checked_subject_token_url};
+
+const DEFAULT_TOKEN_URL: &str = "https://sts.googleapis.com/v1/token";
+const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
+const DEFAULT_IMPERSONATION_LIFETIME: u64 = 3600;
+
+#[derive(Deserialize)]
+struct File {
+    audience: String,
+    subject_token_type: String,
+    #[serde(default)]
+    token_url: Option<String>,
+    credential_source: CredentialSourceFile,
+    #[serde(default)]
+    service_account_impersonation_url: Option<String>,
+    #[serde(default)]
+    service_account_impersonation: Option<ImpersonationOptions>,
+    #[serde(default)]
+    client_id: Option<String>,
+    #[serde(default)]
+    client_secret: Option<SecretString>,
+    #[serde(default)]
+    workforce_pool_user_project: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ImpersonationOptions {
+    #[serde(default)]
+    token_lifetime_seconds: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct CredentialSourceFile {
+    #[serde(default)]
+    file: Option<String>,
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    format: Option<Format>,
+    #[serde(default)]
+    executable: Option<serde_json::Value>,
+    #[serde(default)]
+    environment_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Format {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    subject_token_field_name: Option<String>,
+}
+
+#[derive(Debug)]
+enum Source {
+    File(String),
+    Url {
+        url: reqwest::Url,
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// How the subject token is written: the whole body, or one field of a JSON object.
+#[derive(Debug)]
+enum TokenFormat {
+    Text,
+    Json(String),
+}
+
+/// A loaded external_account configuration.
+#[derive(Debug)]
+pub(crate) struct ExternalAccount {
+    audience: String,
+    subject_token_type: String,
+    token_url: reqwest::Url,
+    source: Source,
+    format: TokenFormat,
+    impersonation: Option<(reqwest::Url, u64)>,
+    client: Option<(String, SecretString)>,
+    workforce_pool_user_project: Option<String>,
+}
+
+impl ExternalAccount {
+    /// Parses a credentials file's JSON. `path` only names the file in messages.
+    pub(crate) fn from_json(json: &[u8], path: &str) -> Result<ExternalAccount, Error> {
+        let what = format!("external_account credentials {path}");
+        let file: File = http::parse_json(&what, json).map_err(|e| {
+            Error::invalid_config(format!(
+                "{what} are not valid (audience, subject_token_type and credential_source are required)"
+            ))
+            .with_source(e)
+        })?;
+        let cs = file.credential_source;
+        if cs.executable.is_some() || cs.environment_id.is_some() {
+            return Err(Error::invalid_config(format!(
+                "{what}: executable- and AWS-sourced credentials are not supported; use a file-sourced subject token (credential_source.file)"
+            )));
+        }
+        let source = match (cs.file, cs.url) {
+            (Some(f), None) if !f.is_empty() => Source::File(f),
+            (None, Some(u)) => Source::Url {
+                url: checked_subject_token_url(&u, &format!("credential_source.url in {what}"))?,
+                headers: cs.headers,
+            },
+            _ => {
+                return Err(Error::invalid_config(format!(
+                    "{what}: credential_source must have exactly one of `file` or `url`"
+                )));
+            }
+        };
+        let format = match cs.format {
+            None => TokenFormat::Text,
+            Some(f) if f.kind == "text" => TokenFormat::Text,
+            Some(f) if f.kind == "json" => match f.subject_token_field_name {
+                Some(name) if !name.is_empty() => TokenFormat::Json(name),
+                _ => {
+                    return Err(Error::invalid_config(format!(
+                        "{what}: credential_source.format of type json needs subject_token_field_name"
+                    )));
+                }
+            },
+            Some(_) => {
+                return Err(Error::invalid_config(format!(
+                    "{what}: credential_source.format.type must be `text` or `json`"
+                )));
+            }
+        };
+        let token_url = checked_endpoint(
+            file.token_url.as_deref().unwrap_or(DEFAULT_TOKEN_URL),
+            &format!("token_url in {what}"),
+        )?;
+        let impersonation = match file.service_account_impersonation_url {
+            None => None,
+            Some(u) => {
+                let url =
+                    checked_endpoint(&u, &format!("service_account_impersonation_url in {what}"))?;
+                let lifetime = file
+                    .service_account_impersonation
+                    .and_then(|o| o.token_lifetime_seconds)
+                    .unwrap_or(DEFAULT_IMPERSONATION_LIFETIME);
+                if !(600..=43_200).contains(&lifetime) {
+                    return Err(Error::invalid_config(format!(
+                        "{what}: service_account_impersonation.token_lifetime_seconds must be 600 to 43200"
+                    )));
+                }
+                Some((url, lifetime))
+            }
+        };
+        let client = match (file.client_id, file.client_secret) {
+            (Some(id), Some(secret)) => Some((id, secret)),
+            (None, None) => None,
+            _ => {
+                return Err(Error::invalid_config(format!(
+                    "{what}: client_id and client_secret go together"
+                )));
+            }
+        };
+        Ok(ExternalAccount {
+            audience: file.audience,
+            subject_token_type: file.subject_token_type,
+            token_url,
+            source,
+            format,
+            impersonation,
+            client,
+            workforce_pool_user_project: file.workforce_pool_user_project,
+        })
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        match &self.impersonation {
+            Some((url, _)) => format!(
+                "external_account (audience {}) impersonating {}",
+                self.audience,
+                impersonated_account(url)
+            ),
+            None => format!("external_account (audience {})", self.audience),
+        }
+    }
+
+    pub(crate) async fn token(
+        &self,
+        api: &reqwest::Client,
+        local: &reqwest::Client,
+        settings: &HttpSettings,
+        clock: &SharedClock,
+        scope: &str,
+    ) -> Result<AccessToken, Error> {
+        let subject = self.subject_token(api, local, settings).await?;
+        let started = clock.now();
+        let sts = self
+            .exchange(api, settings, &subject, scope, started)
+            .await?;
+        match &self.impersonation {
+            None => Ok(sts),
+            Some((url, lifetime)) => {
+                self.impersonate(api, settings, url, *lifetime, &sts.secret, scope, started)
+                    .await
+            }
+        }
+    }
+
+    async fn subject_token(
+        &self,
+        api: &reqwest::Client,
+        local: &reqwest::Client,
+        settings: &HttpSettings,
+    ) -> Result<SecretString, Error> {
+        let (raw, what) = match &self.source {
+            Source::File(path) => {
+                let what = format!("subject token file {path}");
+                let raw = tokio::fs::read(path).await.map_err(|e| {
+                    let kind_missing = e.kind() == std::io::ErrorKind::NotFound;
+                    let msg = if kind_missing {
+                        format!(
+                            "{what} does not exist (is the projected service-account token mounted?)"
+                        )
+                    } else {
+                        format!("{what} cannot be read")
+                    };
+                    Error::identity_missing(msg).with_source(e)
+                })?;
+                (raw, what)
+            }
+            Source::Url { url, headers } => {
+                let what = format!("subject token URL on {}", host_of(url));
+                let client = if url.scheme() == "http" { local } else { api };
+                let resp = http::send(settings, Upstream::SubjectTokenUrl, &what, || {
+                    headers
+                        .iter()
+                        .fold(client.get(url.clone()), |r, (k, v)| r.header(k, v))
+                })
+                .await?;
+                (resp.body, what)
+            }
+        };
+        let token = match &self.format {
+            TokenFormat::Text => String::from_utf8(raw)
+                .map_err(|_| Error::identity_missing(format!("{what} is not UTF-8 text")))?,
+            TokenFormat::Json(field) => {
+                let value: serde_json::Value = http::parse_json(&what, &raw)?;
+                value
+                    .get(field)
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string)
+                    .ok_or_else(|| {
+                        Error::identity_missing(format!("{what} has no string field `{field}`"))
+                    })?
+            }
+        };
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(Error::identity_missing(format!("{what} is empty")));
+        }
+        Ok(SecretString::from(token.to_string()))
+    }
+
+    async fn exchange(
+        &self,
+        client: &reqwest::Client,
+        settings: &HttpSettings,
+        subject: &SecretString,
+        scope: &str,
+        started: SystemTime,
+    ) -> Result<AccessToken, Error> {
+        let what = format!("STS {}", host_of(&self.token_url));
+        let options = self
+            .workforce_pool_user_project
+            .as_ref()
+            .filter(|_| self.client.is_none())
+            .map(|p| serde_json::json!({"userProject": p}).to_string());
+        let resp = http::send(settings, Upstream::TokenEndpoint, &what, || {
+            let mut form: Vec<(&str, &str)> = vec![
+                ("grant_type", TOKEN_EXCHANGE),
+                ("audience", &self.audience),
+                ("scope", scope),
+                ("requested_token_type", ACCESS_TOKEN_TYPE),
+                ("subject_token", subject.expose_secret()),
+                ("subject_token_type", &self.subject_token_type),
+            ];
+            if let Some(o) = &options {
+                form.push(("options", o));
+            }
+            let req = client.post(self.token_url.clone()).form(&form);
+            match &self.client {
+                Some((id, secret)) => req.header(
+                    reqwest::header::AUTHORIZATION,
+                    sensitive(&format!(
+                        "Basic {}",
+                        STANDARD.encode(format!("{id}:{}", secret.expose_secret()))
+                    )),
+                ),
+                None => req,
+            }
+        })
+        .await?;
+        let token: OAuthToken = http::parse_json(&what, &resp.body)?;
+        AccessToken::from_expires_in(token.access_token, token.expires_in, started).non_empty(&what)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn impersonate(
+        &self,
+        client: &reqwest::Client,
+        settings: &HttpSettings,
+        url: &reqwest::Url,
+        lifetime: u64,
+        sts_token: &SecretString,
+        scope: &str,
+        started: SystemTime,
+    ) -> Result<AccessToken, Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Generated {
+            access_token: SecretString,
+            expire_time: String,
+        }
+        let what = format!(
+            "IAM Credentials {} for {}",
+            host_of(url),
+            impersonated_account(url)
+        );
+        let body = serde_json::json!({"scope": [scope], "lifetime": format!("{lifetime}s")});
+        let resp = http::send(settings, Upstream::Impersonation, &what, || {
+            client
+                .post(url.clone())
+                .header(
+                    reqwest::header::AUTHORIZATION,
+                    sensitive(&format!("Bearer {}", sts_token.expose_secret())),
+                )
+                .json(&body)
+        })
+        .await?;
+        let generated: Generated = http::parse_json(&what, &resp.body)?;
+        let expires_at = humantime::parse_rfc3339(generated.expire_time.trim()).map_err(|_| {
+            Error::bad_response(format!("{what} answered with an unreadable expireTime"))
+        })?;
+        // Never believe a lifetime longer than the one asked for.
+        let expires_at = expires_at.min(started + Duration::from_secs(lifetime));
+        AccessToken {
+            secret: generated.access_token,
+            expires_at,
+        }
+        .non_empty(&what)
+    }
+}
+
+/// `sa@p.iam.gserviceaccount.com` from `.../serviceAccounts/sa@p.iam.gserviceaccount.com:generateAccessToken`.
+fn impersonated_account(url: &reqwest::Url) -> String {
+    url.path()
+        .rsplit('/')
+        .next()
+        .and_then(|s| s.strip_suffix(":generateAccessToken"))
+        .unwrap_or("?")
+        .to_string()
+}
+
+/// A header value marked sensitive, so that HTTP-level logging never prints it.
+fn sensitive(value: &str) -> reqwest::header::HeaderValue {
+    match reqwest::header::HeaderValue::from_str(value) {
+        Ok(mut v) => {
+            v.set_sensitive(true);
+            v
+        }
+        // A token with bytes a header cannot hold: send an empty value, the upstream
+        // rejects it and says so.
+        Err(_) => reqwest::header::HeaderValue::from_static(""),
+    }
+}

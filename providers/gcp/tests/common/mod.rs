@@ -1,0 +1,172 @@
+//! Shared test helpers: in-process fake Google endpoints, throwaway keys, a provider with
+//! explicit settings.
+//!
+//! The fakes are axum servers on 127.0.0.1:0. They stand in for Google's token services
+//! (the GKE/GCE metadata server's checks, oauth2.googleapis.com, sts.googleapis.com,
+//! iamcredentials.googleapis.com), which cannot run here; gcplocal, the third-party
+//! metadata emulator, is exercised separately in tests/gcplocal.rs.
+
+#![allow(dead_code, clippy::unwrap_used)]
+
+pub mod federation;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_lc_rs::encoding::AsDer;
+use aws_lc_rs::rsa::{KeyPair, KeySize};
+use aws_lc_rs::signature::KeyPair as _;
+use base64::Engine as _;
+use regbroker_gcp::{GcpProvider, HttpSettings};
+use regbroker_provider::{Credential, Error, ManualClock, Provider, Registry, SharedClock};
+
+/// A running fake server, stopped on drop.
+pub struct Fake {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Fake {
+    pub async fn start(router: axum::Router) -> Fake {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        Fake { addr, task }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a fake saw: one entry per request.
+#[derive(Clone, Default)]
+pub struct Seen(Arc<Mutex<Vec<Request>>>);
+
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub headers: axum::http::HeaderMap,
+    pub body: String,
+}
+
+impl Seen {
+    pub fn push(&self, headers: &axum::http::HeaderMap, body: &str) -> usize {
+        let mut v = self.0.lock().unwrap();
+        v.push(Request {
+            headers: headers.clone(),
+            body: body.to_string(),
+        });
+        v.len()
+    }
+    pub fn count(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    pub fn all(&self) -> Vec<Request> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+/// Short retries and timeouts so failure tests stay fast.
+pub fn fast_http() -> HttpSettings {
+    HttpSettings {
+        connect_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(3),
+        attempts: 3,
+        backoff: Duration::from_millis(10),
+    }
+}
+
+pub fn provider(env: &[(&str, &str)], clock: &ManualClock) -> GcpProvider {
+    let shared: SharedClock = Arc::new(clock.clone());
+    GcpProvider::builder()
+        .env(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        .clock(shared)
+        .http(fast_http())
+        .build()
+}
+
+pub async fn fetch(p: &GcpProvider, host: &str) -> Result<Credential, Error> {
+    let registry = Registry::parse(host).unwrap();
+    let target = p.recognise(&registry).expect("a Google host");
+    p.fetch(&target).await
+}
+
+/// A throwaway RSA key generated for one test (never a real key).
+pub struct TestKey {
+    pub pem: String,
+    /// DER `RSAPublicKey`, for verifying assertions.
+    pub public: Vec<u8>,
+}
+
+pub fn test_key() -> TestKey {
+    let key = KeyPair::generate(KeySize::Rsa2048).unwrap();
+    let pkcs8 = AsDer::<aws_lc_rs::encoding::Pkcs8V1Der>::as_der(&key).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD.encode(pkcs8.as_ref());
+    let mut pem = String::from("-----BEGIN PRIVATE KEY-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        pem.push_str(std::str::from_utf8(chunk).unwrap());
+        pem.push('\n');
+    }
+    pem.push_str("-----END PRIVATE KEY-----\n");
+    TestKey {
+        pem,
+        public: key.public_key().as_ref().to_vec(),
+    }
+}
+
+/// Writes `contents` to a new file in `dir` and returns its path.
+pub fn write(dir: &tempfile::TempDir, name: &str, contents: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, contents).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// Decodes `application/x-www-form-urlencoded`.
+pub fn form(body: &str) -> std::collections::BTreeMap<String, String> {
+    body.split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+fn decode(s: &str) -> String {
+    let bytes = s.replace('+', " ");
+    let bytes = bytes.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap();
+            out.push(u8::from_str_radix(hex, 16).unwrap());
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Binds and releases a port, for "nothing listens here" tests.
+pub fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// The manual clock's time.
+pub fn clock_now(clock: &ManualClock) -> std::time::SystemTime {
+    use regbroker_provider::Clock;
+    clock.now()
+}

@@ -1,0 +1,62 @@
+//! Opt-in end-to-end test on a real GKE pod (or GCE VM) with Workload Identity.
+//!
+//! Enabled by `REGBROKER_E2E_GKE=1` and `REGBROKER_E2E_GAR_REGISTRY=<host>` (e.g.
+//! `europe-west1-docker.pkg.dev`); skipped with a message otherwise. Run it inside a pod
+//! whose Kubernetes service account is bound to a Google service account with
+//! `roles/artifactregistry.reader` (see README.md, "GKE Workload Identity").
+//!
+//! Asserts: the host is recognised; the provider fetches an `oauth2accesstoken` credential
+//! from the real metadata server with an expiry in the future; and the registry accepts it
+//! (`GET https://<host>/v2/` with basic auth answers 200, where anonymous gets 401).
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::SystemTime;
+
+use regbroker_gcp::GcpProvider;
+use regbroker_provider::{ExposeSecret, Provider, Registry};
+
+#[tokio::test]
+async fn gke_workload_identity_pulls_from_artifact_registry() {
+    if std::env::var("REGBROKER_E2E_GKE").as_deref() != Ok("1") {
+        eprintln!(
+            "SKIP: set REGBROKER_E2E_GKE=1 and REGBROKER_E2E_GAR_REGISTRY=<host> to run on GKE"
+        );
+        return;
+    }
+    let Ok(host) = std::env::var("REGBROKER_E2E_GAR_REGISTRY") else {
+        panic!(
+            "REGBROKER_E2E_GKE=1 needs REGBROKER_E2E_GAR_REGISTRY=<host>, e.g. europe-west1-docker.pkg.dev"
+        );
+    };
+    let registry = Registry::parse(&host).unwrap();
+    let p = GcpProvider::from_env();
+    let target = p
+        .recognise(&registry)
+        .unwrap_or_else(|| panic!("{host} is not recognised as a Google registry"));
+    let cred = p
+        .fetch(&target)
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.chain()));
+    assert_eq!(cred.username(), "oauth2accesstoken");
+    #[allow(clippy::disallowed_methods)] // comparing with real expiry on a real cloud
+    let now = SystemTime::now();
+    assert!(cred.expires_at().unwrap() > now);
+
+    let client = reqwest::Client::new();
+    let url = format!("https://{host}/v2/");
+    let anonymous = client.get(&url).send().await.unwrap().status();
+    assert_eq!(anonymous.as_u16(), 401, "anonymous /v2/ should be refused");
+    let authed = client
+        .get(&url)
+        .basic_auth(cred.username(), Some(cred.secret().expose_secret()))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert!(
+        authed.is_success(),
+        "{host} refused the token: HTTP {authed}"
+    );
+    eprintln!("OK: {host} accepted the Workload Identity token");
+}

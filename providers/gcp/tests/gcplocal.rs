@@ -1,0 +1,161 @@
+//! Against gcplocal, a third-party GCE emulator (PyPI `gcplocal`): its metadata token
+//! endpoint and its OAuth token endpoint (`POST /token`), started on loopback per test.
+//!
+//! gcplocal's endpoints accept anything (no `Metadata-Flavor` check, no signature check)
+//! and always answer `ya29.gcplocal-mock-token` with `expires_in: 3600`; what this proves is
+//! that the provider speaks the wire format of a peer nobody here wrote. The checks
+//! gcplocal does not make are covered by the fakes in tests/fakes.rs.
+//!
+//! Needs `gcplocal` on PATH (`pip install gcplocal`). Skipped with a message when it is
+//! missing, unless `REGBROKER_TEST_REQUIRE_PEERS=1`, which makes a missing peer a failure.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::{clock_now, closed_port, fetch, provider, test_key, write};
+use regbroker_provider::{ExposeSecret, ManualClock};
+use serde_json::json;
+
+const MOCK_TOKEN: &str = "ya29.gcplocal-mock-token";
+
+struct Gcplocal {
+    child: tokio::process::Child,
+    addr: String,
+    _cwd: tempfile::TempDir,
+}
+
+impl Drop for Gcplocal {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+fn find_on_path(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Starts gcplocal on a free loopback port, or says why not (`None`: skip).
+async fn start() -> Option<Gcplocal> {
+    let Some(bin) = find_on_path("gcplocal") else {
+        let msg =
+            "gcplocal not found on PATH; install it with `pip install gcplocal` (in the CI venv)";
+        if std::env::var("REGBROKER_TEST_REQUIRE_PEERS").as_deref() == Ok("1") {
+            panic!("{msg}");
+        }
+        eprintln!("SKIP: {msg}");
+        return None;
+    };
+    let port = closed_port();
+    let cwd = tempfile::tempdir().unwrap();
+    let child = tokio::process::Command::new(bin)
+        .args(["start", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .current_dir(cwd.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let server = Gcplocal {
+        child,
+        addr,
+        _cwd: cwd,
+    };
+    // Wait until it answers (Flask start-up takes about a second).
+    let url = format!(
+        "http://{}/computeMetadata/v1/instance/service-accounts/default/token",
+        server.addr
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    loop {
+        if let Ok(r) = client.get(&url).send().await
+            && r.status().is_success()
+        {
+            return Some(server);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "gcplocal did not start on {}",
+            server.addr
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn metadata_token_from_gcplocal() {
+    let Some(g) = start().await else { return };
+    let clock = ManualClock::fixed();
+    let p = provider(&[("GCE_METADATA_HOST", g.addr.as_str())], &clock);
+    let cred = fetch(&p, "europe-west1-docker.pkg.dev").await.unwrap();
+    assert_eq!(cred.username(), "oauth2accesstoken");
+    assert_eq!(cred.secret().expose_secret(), MOCK_TOKEN);
+    assert_eq!(
+        cred.expires_at(),
+        Some(clock_now(&clock) + Duration::from_secs(3600))
+    );
+}
+
+#[tokio::test]
+async fn service_account_key_exchanged_at_gcplocal_token_endpoint() {
+    let Some(g) = start().await else { return };
+    let key = test_key();
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = write(
+        &dir,
+        "key.json",
+        &json!({
+            "type": "service_account",
+            "private_key": key.pem,
+            "client_email": "puller@p.iam.gserviceaccount.com",
+            "token_uri": format!("http://{}/token", g.addr),
+        })
+        .to_string(),
+    );
+    let clock = ManualClock::fixed();
+    let p = provider(
+        &[("GOOGLE_APPLICATION_CREDENTIALS", key_file.as_str())],
+        &clock,
+    );
+    let cred = fetch(&p, "gcr.io").await.unwrap();
+    assert_eq!(cred.secret().expose_secret(), MOCK_TOKEN);
+    assert_eq!(
+        cred.expires_at(),
+        Some(clock_now(&clock) + Duration::from_secs(3600))
+    );
+}
+
+#[tokio::test]
+async fn external_account_exchanged_at_gcplocal_token_endpoint() {
+    let Some(g) = start().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = write(&dir, "token", "eyJ.projected-token");
+    let creds = write(
+        &dir,
+        "creds.json",
+        &json!({
+            "type": "external_account",
+            "audience": "//iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/p/providers/q",
+            "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+            "token_url": format!("http://{}/token", g.addr),
+            "credential_source": {"file": token_file},
+        })
+        .to_string(),
+    );
+    let clock = ManualClock::fixed();
+    let p = provider(
+        &[("GOOGLE_APPLICATION_CREDENTIALS", creds.as_str())],
+        &clock,
+    );
+    let cred = fetch(&p, "us-docker.pkg.dev").await.unwrap();
+    assert_eq!(cred.secret().expose_secret(), MOCK_TOKEN);
+}

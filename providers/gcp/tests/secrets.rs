@@ -1,0 +1,83 @@
+//! Secrets stay out of logs, errors and Debug output.
+//!
+//! Its own test binary with one test, so that it can install a global tracing subscriber
+//! (a thread-local one misses events when other tests race on callsite registration).
+//! Uses the in-process fakes of the STS and IAM Credentials (Google services cannot run
+//! here).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::federation::{Federation, external_account, start_federation};
+use common::{fetch, provider, write};
+use regbroker_provider::ManualClock;
+
+// ---------------------------------------------------------------------------------------
+// Secrets stay out of logs, errors and Debug
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone, Default)]
+struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn secrets_never_reach_logs_errors_or_debug() {
+    let logs = Captured::default();
+    let sink = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || sink.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+
+    let fed = Federation::default();
+    let fake = start_federation(fed.clone()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = write(&dir, "token", "eyJ.subject-secret");
+    let creds = write(
+        &dir,
+        "creds.json",
+        &external_account(&fake, &token_file, true).to_string(),
+    );
+    let clock = ManualClock::fixed();
+    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let cred = fetch(&p, "gcr.io").await.unwrap();
+    let shown = format!("{cred:?} {p:?}");
+
+    // A failure path too: the subject token is refused by IAM after STS.
+    std::fs::write(&token_file, "not-a-jwt-secret").unwrap();
+    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    let error_text = format!("{e} {} {e:?}", e.chain());
+
+    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logs.contains("Fetched Google access token"),
+        "logging was captured: {logs}"
+    );
+    for secret in [
+        "ya29.sts-1",
+        "ya29.impersonated",
+        "subject-secret",
+        "not-a-jwt-secret",
+    ] {
+        assert!(!logs.contains(secret), "{secret} in logs: {logs}");
+        assert!(!shown.contains(secret), "{secret} in Debug: {shown}");
+        assert!(
+            !error_text.contains(secret),
+            "{secret} in error: {error_text}"
+        );
+    }
+}
