@@ -220,10 +220,24 @@ fn helper_mode(action: &str, endpoint: Option<String>) -> ExitCode {
     ExitCode::from(code)
 }
 
+/// The log filter: `user` (EnvFilter syntax), then the providers' caps that keep
+/// secrets out of library logs at any level.
+pub fn log_filter(user: &str) -> tracing_subscriber::EnvFilter {
+    let mut filter = tracing_subscriber::EnvFilter::try_new(user).unwrap_or_else(|e| {
+        eprintln!("regbroker: ignoring invalid REGBROKER_LOG ({e}); using `info`");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    for d in crate::providers::log_directives() {
+        if let Ok(d) = d.parse() {
+            filter = filter.add_directive(d);
+        }
+    }
+    filter
+}
+
 fn init_tracing(format: LogFormat, default_level: &str) {
-    use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_env("REGBROKER_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
+    let user = std::env::var("REGBROKER_LOG").unwrap_or_else(|_| default_level.to_string());
+    let filter = log_filter(&user);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -43,3 +43,14 @@ impl Providers {
         self.list.iter()
     }
 }
+
+/// Tracing filter directives that keep the compiled-in providers' libraries from logging
+/// secrets at any level (the AWS SDK logs credentials at TRACE). Applied after the
+/// user's own filter, so even `REGBROKER_LOG=trace` cannot undo them.
+pub fn log_directives() -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut out: Vec<&'static str> = Vec::new();
+    #[cfg(feature = "aws")]
+    out.extend_from_slice(regbroker_aws::LOG_DIRECTIVES);
+    out
+}

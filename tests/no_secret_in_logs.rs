@@ -32,7 +32,7 @@ async fn no_secret_reaches_logs_errors_metrics_or_debug_at_trace() {
     let capture = Capture::default();
     let writer = capture.clone();
     tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
+        .with_env_filter(regbroker::cli::log_filter("trace"))
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .init();

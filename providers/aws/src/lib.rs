@@ -168,32 +168,6 @@ impl Builder {
         self
     }
 
-    /// Tracing filter directives the broker must add after the user's own (e.g. to an
-    /// `EnvFilter`), so that even `RUST_LOG=trace` cannot log secrets: at TRACE the AWS SDK
-    /// logs request headers (the session token), the SigV4 canonical request and the raw
-    /// response body (the ECR token). Capped at DEBUG, nothing secret is logged
-    /// (`tests/logs.rs` checks both).
-    pub const LOG_DIRECTIVES: &[&str] = &[
-        "aws_config=debug",
-        "aws_credential_types=debug",
-        "aws_runtime=debug",
-        "aws_sigv4=debug",
-        "aws_smithy_runtime=debug",
-        "aws_smithy_runtime_api=debug",
-        "aws_smithy_http=debug",
-        "aws_smithy_http_client=debug",
-        "aws_smithy_types=debug",
-        "aws_smithy_json=debug",
-        "aws_sdk_ecr=debug",
-        "aws_sdk_ecrpublic=debug",
-        "aws_sdk_sts=debug",
-        "aws_sdk_sso=debug",
-        "aws_sdk_ssooidc=debug",
-        "hyper=debug",
-        "hyper_util=debug",
-        "h2=debug",
-    ];
-
     /// Retry and timeout settings.
     pub fn calls(mut self, calls: CallSettings) -> Builder {
         self.calls = calls;
