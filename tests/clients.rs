@@ -56,6 +56,14 @@ struct Registry {
 
 impl Registry {
     fn start(anonymous: bool) -> Option<Registry> {
+        Registry::start_with(if anonymous {
+            None
+        } else {
+            Some((USER, PASSWORD))
+        })
+    }
+
+    fn start_with(auth: Option<(&str, &str)>) -> Option<Registry> {
         let bin = peer("docker-registry", "apt-get install docker-registry")?;
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
@@ -63,10 +71,10 @@ impl Registry {
             "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
             dir.path().join("data").display()
         );
-        if !anonymous {
+        if let Some((user, password)) = auth {
             let htpasswd = peer("htpasswd", "apt-get install apache2-utils")?;
             let out = Command::new(htpasswd)
-                .args(["-Bbn", USER, PASSWORD])
+                .args(["-Bbn", user, password])
                 .output()
                 .unwrap();
             assert!(out.status.success());
@@ -531,4 +539,206 @@ fn helper_agrees_with_the_reference_ecr_helper_where_it_should() {
         .0,
         Some(0)
     );
+}
+
+/// A third-party emulator process (moto, gcplocal) on a free loopback port.
+struct Emulator {
+    child: std::process::Child,
+    addr: String,
+    _cwd: tempfile::TempDir,
+}
+
+impl Emulator {
+    fn start(bin: &Path, args: &[&str], ready_path: &str, env: &[(&str, &str)]) -> Emulator {
+        let port = free_port();
+        let cwd = tempfile::tempdir().unwrap();
+        let port_s = port.to_string();
+        let args: Vec<&str> = args
+            .iter()
+            .map(|a| if *a == "PORT" { port_s.as_str() } else { a })
+            .collect();
+        let child = Command::new(bin)
+            .args(&args)
+            .envs(env.iter().copied())
+            .current_dir(cwd.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&addr).is_err() || http_status(&addr, ready_path) != 200
+        {
+            assert!(Instant::now() < deadline, "{} did not start", bin.display());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Emulator {
+            child,
+            addr,
+            _cwd: cwd,
+        }
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const GCPLOCAL_TOKEN: &str = "ya29.gcplocal-mock-token";
+const METADATA_TOKEN_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
+
+fn gcplocal() -> Option<Emulator> {
+    let bin = peer("gcplocal", "pip install gcplocal")?;
+    Some(Emulator::start(
+        &bin,
+        &["start", "--host", "127.0.0.1", "--port", "PORT"],
+        METADATA_TOKEN_PATH,
+        &[],
+    ))
+}
+
+/// Runs the regbroker binary with exactly `env` (plus PATH).
+fn regbroker(args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> (Option<i32>, String, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+#[test]
+fn resolve_artifact_registry_against_gcplocal() {
+    let Some(meta) = gcplocal() else { return };
+    let (code, out, err) = regbroker(
+        &["resolve", "europe-west1-docker.pkg.dev", "--show-secret"],
+        &[("GCE_METADATA_HOST", &meta.addr)],
+        b"",
+    );
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("decided:   auto-detected"), "{out}");
+    assert!(out.contains("source:    gcp"), "{out}");
+    assert!(out.contains("username:  oauth2accesstoken"), "{out}");
+    assert!(
+        out.contains(&format!("password:  {GCPLOCAL_TOKEN}")),
+        "{out}"
+    );
+}
+
+#[test]
+fn resolve_and_serve_ecr_against_moto() {
+    let Some(bin) = peer("moto_server", "pip install 'moto[server]'") else {
+        return;
+    };
+    // moto computes its fixed 2015 expiry in local time: pin the zone.
+    let moto = Emulator::start(
+        &bin,
+        &["-H", "127.0.0.1", "-p", "PORT"],
+        "/moto-api/data.json",
+        &[("TZ", "UTC")],
+    );
+    let endpoint = format!("http://{}", moto.addr);
+    let env = [
+        ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+        ("AWS_SECRET_ACCESS_KEY", "moto-secret-key"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ];
+    let host = "123456789012.dkr.ecr.us-east-1.amazonaws.com";
+    let (code, out, err) = regbroker(&["resolve", host], &env, b"");
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("source:    aws"), "{out}");
+    assert!(out.contains("username:  AWS"), "{out}");
+    assert!(
+        out.contains("already past"),
+        "moto's 2015 expiry is reported as past: {out}"
+    );
+
+    // The sidecar serves it too, with the untrusted past expiry reported as null.
+    let mut srv = ServeProcess::start(&[], &env);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let body: serde_json::Value = rt.block_on(async {
+        let res = reqwest::get(format!(
+            "http://{}/v1/credentials?registry={host}",
+            srv.addr
+        ))
+        .await
+        .unwrap();
+        assert_eq!(res.status().as_u16(), 200);
+        res.json().await.unwrap()
+    });
+    assert_eq!(body["username"], "AWS");
+    assert_eq!(body["provider"], "aws");
+    assert!(body["expiresAt"].is_null(), "{body}");
+    assert!(!body["password"].as_str().unwrap().is_empty());
+    assert!(srv.stop().success());
+}
+
+/// The whole chain with a cloud identity: gcplocal (a third-party GCE metadata emulator)
+/// hands out the access token, the gcp provider exchanges the identity, the cache and the
+/// helper protocol carry it, skopeo uses it, and the registry accepts it because its
+/// htpasswd holds `oauth2accesstoken` with that token.
+#[test]
+fn skopeo_and_kubelet_through_a_cloud_identity_from_gcplocal() {
+    if peer("skopeo", "apt-get install skopeo").is_none() {
+        return;
+    }
+    let Some(meta) = gcplocal() else { return };
+    let Some(reg) = Registry::start_with(Some(("oauth2accesstoken", GCPLOCAL_TOKEN))) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let bin = helper_dir(dir.path());
+    let authfile = cred_helpers_authfile(dir.path(), &[&reg.host]);
+    let config = dir.path().join("regbroker.toml");
+    std::fs::write(
+        &config,
+        format!("[[rule]]\nmatch = \"{}\"\nsource = \"gcp\"\n", reg.host),
+    )
+    .unwrap();
+    let env = [
+        ("PATH", path_with(&bin)),
+        ("REGBROKER_CONFIG", config.display().to_string()),
+        ("GCE_METADATA_HOST", meta.addr.clone()),
+    ];
+    let (push, pull) = push_pull(&reg, dir.path(), "cloudchain", &authfile, &env);
+    assert!(push.status.success(), "push: {}", text(&push.stderr));
+    assert!(pull.unwrap().status.success());
+
+    // The kubelet mode, same identity: a cacheDuration from the token's 3600 s life.
+    let request = format!(
+        r#"{{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"CredentialProviderRequest","image":"{}/test/cloudchain:v1"}}"#,
+        reg.host
+    );
+    let config_s = config.display().to_string();
+    let (code, out, err) = regbroker(
+        &["kubelet-credential-provider"],
+        &[
+            ("REGBROKER_CONFIG", &config_s),
+            ("GCE_METADATA_HOST", &meta.addr),
+        ],
+        request.as_bytes(),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["auth"][&reg.host]["username"], "oauth2accesstoken");
+    assert_eq!(v["auth"][&reg.host]["password"], GCPLOCAL_TOKEN);
+    // 3600 s of life less the 30 s margin, less the few seconds the fetch took.
+    let d = v["cacheDuration"].as_str().unwrap();
+    assert!(d.starts_with("59m") || d.starts_with("58m"), "{d}");
 }
