@@ -169,6 +169,30 @@ impl Sink {
         })
     }
 
+    /// One pass now: fetch every registry (from the cache where fresh) and rewrite the
+    /// file if its contents changed. The run loop calls this at each refresh point.
+    pub async fn refresh(&mut self) {
+        self.next = pass(&self.broker, &self.config, &mut self.held).await;
+        let contents = render(&self.held);
+        if *contents != *self.last {
+            match write_atomic(&self.config.path, contents.as_bytes()) {
+                Ok(()) => {
+                    tracing::info!(path = %self.config.path.display(), registries = self.held.len(), "Wrote docker config");
+                    self.last = contents;
+                }
+                Err(e) => {
+                    tracing::warn!(path = %self.config.path.display(), error = %e, "Cannot write docker config; retrying");
+                    self.next = MIN_SLEEP;
+                }
+            }
+        }
+    }
+
+    /// When the next pass is due.
+    pub fn next_pass_in(&self) -> Duration {
+        self.next
+    }
+
     /// Keeps the file fresh until the task is dropped.
     pub async fn run(mut self) {
         loop {
@@ -182,20 +206,7 @@ impl Sink {
                     break;
                 }
             }
-            self.next = pass(&self.broker, &self.config, &mut self.held).await;
-            let contents = render(&self.held);
-            if *contents != *self.last {
-                match write_atomic(&self.config.path, contents.as_bytes()) {
-                    Ok(()) => {
-                        tracing::info!(path = %self.config.path.display(), registries = self.held.len(), "Wrote docker config");
-                        self.last = contents;
-                    }
-                    Err(e) => {
-                        tracing::warn!(path = %self.config.path.display(), error = %e, "Cannot write docker config; retrying");
-                        self.next = MIN_SLEEP;
-                    }
-                }
-            }
+            self.refresh().await;
         }
     }
 }

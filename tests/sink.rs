@@ -1,0 +1,96 @@
+//! The docker config sink keeps a config.json with fresh credentials (injected clock).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::{Answer, TestServer, docker_config};
+use regbroker::sink::{Config, Sink};
+use regbroker_provider::Registry;
+
+fn auth_of(path: &std::path::Path, registry: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let auth = v["auths"][registry]["auth"].as_str()?;
+    Some(
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(auth)
+                .unwrap(),
+        )
+        .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn sink_writes_static_rule_and_named_registries_and_refreshes_before_expiry() {
+    let dir = tempfile::tempdir().unwrap();
+    let statics = dir.path().join("static.json");
+    std::fs::write(
+        &statics,
+        docker_config(&[("static.example.com", "s-user", "s-pw")]),
+    )
+    .unwrap();
+    let srv = TestServer::builder()
+        .docker_config(&statics)
+        .config(
+            "[[rule]]\nmatch = \"proxy.example.com\"\nsource = \"fake\"\noptions = { scope = \"proxy\" }\n\
+             [[rule]]\nmatch = \"*.glob.example.com\"\nsource = \"fake\"\n",
+        )
+        .start()
+        .await;
+    srv.fake
+        .then(Answer::Credential(Some(Duration::from_secs(1000))));
+    srv.fake
+        .then(Answer::Credential(Some(Duration::from_secs(1000))));
+    let path = dir.path().join("out").join("config.json");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let config = Config {
+        path: path.clone(),
+        extra: vec![Registry::parse("named.fake.test").unwrap()],
+    };
+    let mut sink = Sink::start(srv.broker.clone(), config).await.unwrap();
+
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(auth_of(&path, "static.example.com").unwrap(), "s-user:s-pw");
+    let proxy = auth_of(&path, "proxy.example.com").unwrap();
+    let named = auth_of(&path, "named.fake.test").unwrap();
+    assert!(proxy.starts_with("fake-user:fake-secret-"), "{proxy}");
+    assert!(named.starts_with("fake-user:fake-secret-"), "{named}");
+    // Globs cannot be enumerated: nothing for them.
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(v["auths"].as_object().unwrap().len(), 3, "{v}");
+    assert_eq!(srv.fake.calls(), 2, "one fetch per scope");
+    // The next pass is due at the refresh point: 0.8 of the 970 s usable life.
+    assert_eq!(
+        sink.next_pass_in(),
+        Duration::from_secs(60),
+        "clamped to the longest sleep"
+    );
+
+    // Before the refresh point the file keeps its credentials; after it, they are replaced.
+    srv.clock.advance(Duration::from_secs(700));
+    sink.refresh().await;
+    assert_eq!(auth_of(&path, "proxy.example.com").unwrap(), proxy);
+    assert_eq!(srv.fake.calls(), 2);
+    srv.clock.advance(Duration::from_secs(100)); // 800 s > 776 s
+    sink.refresh().await;
+    assert_ne!(
+        auth_of(&path, "proxy.example.com").unwrap(),
+        proxy,
+        "refreshed before expiry"
+    );
+    assert_eq!(srv.fake.calls(), 4);
+
+    // A static entry removed from its source disappears from the file.
+    std::fs::write(&statics, docker_config(&[])).unwrap();
+    srv.statics.reload().unwrap();
+    sink.refresh().await;
+    assert!(auth_of(&path, "static.example.com").is_none());
+}
