@@ -298,13 +298,15 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         Some(p) => Some(Arc::new(read_token_file(p).map_err(Failure::Config)?)),
         None => None,
     };
-    if let Listen::Tcp(addr) = &args.listen {
-        if !addr.ip().is_loopback() && bearer_token.is_none() && !args.insecure_listen {
-            return Err(Failure::Config(format!(
-                "refusing to serve credentials on non-loopback address {addr} without --auth-token-file; \
-                 pass --insecure-listen if every client that can reach it may have every credential"
-            )));
-        }
+    if let Listen::Tcp(addr) = &args.listen
+        && !addr.ip().is_loopback()
+        && bearer_token.is_none()
+        && !args.insecure_listen
+    {
+        return Err(Failure::Config(format!(
+            "refusing to serve credentials on non-loopback address {addr} without --auth-token-file; \
+             pass --insecure-listen if every client that can reach it may have every credential"
+        )));
     }
     let core = build_core(&args.sources)?;
     let bound = Bound::bind_with(&args.listen, args.socket_group)
