@@ -108,7 +108,7 @@ async fn soak_mixed_hits_and_failing_misses() {
             while Instant::now() < deadline {
                 i += 1;
                 // One request in ten is a miss on a key never seen before.
-                let miss = (c + i) % 10 == 0;
+                let miss = (c + i).is_multiple_of(10);
                 let path = if miss {
                     let n = miss_seq.fetch_add(1, Ordering::Relaxed);
                     format!("/v1/credentials?registry=k{n}.own-scope.fake.test")

@@ -98,7 +98,7 @@ impl FakeProvider {
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
         }
-        if self.flaky.load(Ordering::SeqCst) && n % 2 == 0 {
+        if self.flaky.load(Ordering::SeqCst) && n.is_multiple_of(2) {
             return Err(Error::unavailable(format!("flaky upstream, call {n}")));
         }
         let answer = self
