@@ -70,14 +70,7 @@ fn respond(
     settings: impl FnOnce() -> Result<Settings, String>,
     stdin: &mut dyn Read,
 ) -> Result<serde_json::Value, String> {
-    let mut buf = Vec::new();
-    stdin
-        .take(MAX_INPUT + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read the request from stdin: {e}"))?;
-    if buf.len() as u64 > MAX_INPUT {
-        return Err("request on stdin is too large".into());
-    }
+    let buf = crate::helper::read_limited(stdin, MAX_INPUT, "request")?;
     let req: Request = serde_json::from_slice(&buf).map_err(|e| {
         format!(
             "request is not a CredentialProviderRequest (invalid JSON at line {} column {})",
