@@ -189,15 +189,45 @@ fn is_ours(meta: &ObjectMeta) -> bool {
         .is_some_and(|v| v == MANAGED_BY)
 }
 
+/// `contents` plus the entries the Secret already holds for `missing` registries (wanted,
+/// but with no credential this pass because the fetch failed), or `None` if there are
+/// none. A restart during a cloud outage then does not wipe credentials that may still
+/// be valid; an expired entry is no worse than none.
+fn keep_missing(
+    contents: &str,
+    existing: Option<&ByteString>,
+    missing: &[Registry],
+) -> Option<Zeroizing<String>> {
+    if missing.is_empty() {
+        return None;
+    }
+    let old: serde_json::Value = serde_json::from_slice(&existing?.0).ok()?;
+    let old_auths = old.get("auths")?.as_object()?;
+    let mut new: serde_json::Value = serde_json::from_str(contents).ok()?;
+    let auths = new.get_mut("auths")?.as_object_mut()?;
+    let mut kept = 0;
+    for registry in missing {
+        let key = registry.to_string();
+        if let Some(entry) = old_auths.get(&key) {
+            auths.insert(key, entry.clone());
+            kept += 1;
+        }
+    }
+    (kept > 0).then(|| Zeroizing::new(format!("{new:#}\n")))
+}
+
 /// Makes `secret` hold `contents`, creating it if absent. Never touches a Secret
-/// without regbroker's label.
+/// without regbroker's label. Entries for `missing` registries are kept (see
+/// [`keep_missing`]).
 async fn upsert(
     client: &kube::Client,
     secret: &SecretRef,
-    contents: &[u8],
+    contents: &str,
+    missing: &[Registry],
 ) -> Result<Outcome, SyncError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), &secret.namespace);
-    let data = || BTreeMap::from([(DATA_KEY.to_string(), ByteString(contents.to_vec()))]);
+    let data =
+        |contents: &[u8]| BTreeMap::from([(DATA_KEY.to_string(), ByteString(contents.to_vec()))]);
     for _ in 0..CONFLICT_RETRIES {
         match api.get_opt(&secret.name).await? {
             None => {
@@ -212,7 +242,7 @@ async fn upsert(
                         ..ObjectMeta::default()
                     },
                     type_: Some(SECRET_TYPE.to_string()),
-                    data: Some(data()),
+                    data: Some(data(contents.as_bytes())),
                     ..Secret::default()
                 };
                 match api.create(&PostParams::default(), &new).await {
@@ -231,6 +261,11 @@ async fn upsert(
                     return Err(SyncError::WrongType(type_));
                 }
                 let current = existing.data.as_ref().and_then(|d| d.get(DATA_KEY));
+                let kept = keep_missing(contents, current, missing);
+                if kept.is_some() {
+                    tracing::debug!(%secret, "Keeping the Secret's entries for registries whose fetch failed");
+                }
+                let contents = kept.as_deref().map_or(contents, |k| k.as_str()).as_bytes();
                 let same = current.is_some_and(|c| c.0 == contents)
                     && existing.data.as_ref().is_some_and(|d| d.len() == 1)
                     && existing.string_data.is_none();
@@ -239,7 +274,7 @@ async fn upsert(
                 }
                 // Keep its metadata (resourceVersion included, so a concurrent write
                 // conflicts instead of being overwritten).
-                existing.data = Some(data());
+                existing.data = Some(data(contents));
                 existing.string_data = None;
                 match api
                     .replace(&secret.name, &PostParams::default(), &existing)
@@ -285,9 +320,13 @@ impl SecretSync {
     pub async fn refresh(&mut self) {
         let mut next = sink::pass(&self.broker, &self.extra, &mut self.held).await;
         let contents: Zeroizing<String> = sink::render(&self.held);
+        let missing: Vec<Registry> = sink::registries(&self.broker, &self.extra)
+            .into_iter()
+            .filter(|r| !self.held.contains_key(r))
+            .collect();
         for target in &mut self.targets {
             let secret = &target.secret;
-            let outcome = match upsert(&self.client, secret, contents.as_bytes()).await {
+            let outcome = match upsert(&self.client, secret, &contents, &missing).await {
                 Ok(o) => {
                     target.failures = 0;
                     match o {

@@ -23,7 +23,7 @@ use axum::routing::{get, post};
 use base64::Engine as _;
 use common::{Answer, ServeProcess, TestServer, docker_config};
 use regbroker::secret_sync::{Config, Outcome, SecretRef, SecretSync};
-use regbroker_provider::Registry;
+use regbroker_provider::{Error, Registry};
 use serde_json::{Value, json};
 
 #[derive(Default)]
@@ -438,6 +438,48 @@ async fn update_conflicts_are_retried_on_the_latest_version() {
     assert_eq!(
         s["metadata"]["annotations"]["other-writer"], "was here",
         "the other writer's change is kept"
+    );
+}
+
+#[tokio::test]
+async fn failed_fetch_keeps_the_entry_the_secret_already_holds() {
+    // As after a restart during a cloud outage: the Secret holds a credential from
+    // before, and this process cannot fetch a new one.
+    let (srv, _dir) = server_with_static().await;
+    srv.fake.then(Answer::Fail(Error::unavailable));
+    let api = FakeApi::start().await;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let old_doc = json!({"auths": {
+        "named.fake.test": {"auth": b64.encode("old-user:old-pw")},
+        "gone.example.com": {"auth": b64.encode("gone:gone")},
+    }});
+    api.put(
+        "ns",
+        json!({
+            "metadata": {"name": "creds", "labels": {"app.kubernetes.io/managed-by": "regbroker"}},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": b64.encode(old_doc.to_string())},
+        }),
+    );
+    let mut sync = SecretSync::start(srv.broker.clone(), config(&["ns/creds"]), api.client()).await;
+    let s = api.secret("ns", "creds").unwrap();
+    assert_eq!(auth_in(&s, "static.example.com").unwrap(), "s-user:s-pw");
+    assert_eq!(
+        auth_in(&s, "named.fake.test").unwrap(),
+        "old-user:old-pw",
+        "kept while the fetch fails"
+    );
+    assert!(
+        auth_in(&s, "gone.example.com").is_none(),
+        "registries no longer wanted are dropped"
+    );
+
+    // The next successful fetch replaces it.
+    sync.refresh().await;
+    let s = api.secret("ns", "creds").unwrap();
+    assert_eq!(
+        auth_in(&s, "named.fake.test").unwrap(),
+        "fake-user:fake-secret-2"
     );
 }
 
