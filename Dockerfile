@@ -1,13 +1,50 @@
 # syntax=docker/dockerfile:1
-# Minimal image; the Kubernetes delivery work hardens it further (static binary, labels).
-FROM rust:1-slim-bookworm AS build
+#
+# regbroker container image: a static (musl) release binary on distroless/static.
+# The final image has no shell and no package manager, runs as a numeric non-root user
+# (65532) and writes nothing at run time, so it runs with readOnlyRootFilesystem.
+# /usr/local/bin/docker-credential-regbroker is a symlink to the binary, which switches
+# to the docker credential-helper protocol when invoked under that name.
+#
+# Build (needs a Docker engine, which the development machines do not have; CI lints
+# this file with hadolint):
+#   docker build -t regbroker --build-arg VERSION=0.1.0 --build-arg REVISION="$(git rev-parse HEAD)" .
+
+ARG RUST_VERSION=1.95
+
+FROM docker.io/library/rust:${RUST_VERSION}-slim-bookworm AS build
+# The musl C compiler: aws-lc-sys (rustls' crypto provider) and ring compile C code.
+# aws-lc-sys needs only a C compiler for x86_64 and aarch64 Linux, gnu or musl; cmake,
+# clang and Go are needed only for its FIPS build or other targets.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends musl-tools \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked --bin regbroker
+# Native build for the image's platform (linux/amd64 or linux/arm64).
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    target="$(uname -m)-unknown-linux-musl" \
+ && rustup target add "$target" \
+ && cargo build --release --locked --target "$target" --bin regbroker \
+ && mkdir -p /out \
+ && cp "target/$target/release/regbroker" /out/regbroker \
+ && ln -s regbroker /out/docker-credential-regbroker
 
-FROM gcr.io/distroless/cc-debian12:nonroot
-COPY --from=build /src/target/release/regbroker /usr/local/bin/regbroker
-USER nonroot:nonroot
+FROM gcr.io/distroless/static-debian12:nonroot
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="regbroker" \
+      org.opencontainers.image.description="Credential broker for OCI registries: workload identity in, short-lived registry credentials out" \
+      org.opencontainers.image.source="https://github.com/regbroker/regbroker" \
+      org.opencontainers.image.url="https://github.com/regbroker/regbroker" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}"
+# The directory copy keeps the symlink (a dereferenced copy would work too, at twice the size).
+COPY --from=build /out/ /usr/local/bin/
+USER 65532:65532
 EXPOSE 8477
 ENTRYPOINT ["/usr/local/bin/regbroker"]
 CMD ["serve"]

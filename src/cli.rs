@@ -84,10 +84,16 @@ struct Sources {
 }
 
 #[derive(Debug, Args)]
+#[group(id = "sinks", multiple = true)]
 struct ServeArgs {
     /// HOST:PORT (an IP address) or unix:PATH.
     #[arg(long, env = "REGBROKER_LISTEN", default_value = DEFAULT_LISTEN)]
     listen: Listen,
+
+    /// Also serve /healthz, /readyz and /metrics (never credentials) on HOST:PORT or
+    /// unix:PATH, for kubelet probes when --listen is loopback.
+    #[arg(long, env = "REGBROKER_PROBE_LISTEN", value_name = "ADDR")]
+    probe_listen: Option<Listen>,
 
     /// How long to let in-flight requests finish after SIGTERM or SIGINT.
     #[arg(long, env = "REGBROKER_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
@@ -109,11 +115,29 @@ struct ServeArgs {
 
     /// Keep a docker config.json at PATH with fresh credentials for every registry with a
     /// static entry or an exact provider rule (mode 0600, atomic writes).
-    #[arg(long, env = "REGBROKER_WRITE_DOCKER_CONFIG", value_name = "PATH")]
+    #[arg(
+        long,
+        env = "REGBROKER_WRITE_DOCKER_CONFIG",
+        value_name = "PATH",
+        group = "sinks"
+    )]
     write_docker_config: Option<PathBuf>,
 
-    /// Also write this registry to the docker config file; repeatable (env: comma-separated).
-    #[arg(long = "sink-registry", env = "REGBROKER_SINK_REGISTRY", value_name = "REGISTRY", value_delimiter = ',', requires = "write_docker_config", value_parser = parse_registry)]
+    /// Keep this kubernetes.io/dockerconfigjson Secret fresh, with the registries the docker
+    /// config file would hold; repeatable (env: comma-separated). Only Secrets labelled
+    /// app.kubernetes.io/managed-by=regbroker are updated.
+    #[arg(
+        long = "sync-secret",
+        env = "REGBROKER_SYNC_SECRET",
+        value_name = "NAMESPACE/NAME",
+        value_delimiter = ',',
+        group = "sinks"
+    )]
+    sync_secret: Vec<crate::secret_sync::SecretRef>,
+
+    /// Also write this registry to the docker config file and synced Secrets; repeatable
+    /// (env: comma-separated).
+    #[arg(long = "sink-registry", env = "REGBROKER_SINK_REGISTRY", value_name = "REGISTRY", value_delimiter = ',', requires = "sinks", value_parser = parse_registry)]
     sink_registry: Vec<Registry>,
 
     #[command(flatten)]
@@ -241,7 +265,11 @@ pub fn log_filter(user: &str) -> tracing_subscriber::EnvFilter {
         eprintln!("regbroker: ignoring invalid REGBROKER_LOG ({e}); using `info`");
         tracing_subscriber::EnvFilter::new("info")
     });
-    for d in crate::providers::log_directives() {
+    let caps = crate::providers::log_directives();
+    for d in caps
+        .into_iter()
+        .chain(crate::secret_sync::LOG_DIRECTIVES.iter().copied())
+    {
         if let Ok(d) = d.parse() {
             filter = filter.add_directive(d);
         }
@@ -319,6 +347,25 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
             Failure::Runtime(format!("cannot watch static credential sources: {e}"))
         })?)
     };
+    let _secret_sync = if args.sync_secret.is_empty() {
+        None
+    } else {
+        let client = crate::secret_sync::client_from_environment()
+            .await
+            .map_err(Failure::Runtime)?;
+        let config = crate::secret_sync::Config {
+            secrets: args.sync_secret,
+            extra: args.sink_registry.clone(),
+        };
+        // The first pass runs in the task too: a slow API server must not delay serving.
+        let broker = core.broker.clone();
+        Some(AbortOnDrop(tokio::spawn(async move {
+            crate::secret_sync::SecretSync::start(broker, config, client)
+                .await
+                .run()
+                .await
+        })))
+    };
     let _sink = match args.write_docker_config {
         None => None,
         Some(path) => {
@@ -338,12 +385,28 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         }
     };
     let ready = Arc::new(AtomicBool::new(false));
+    let state = server::AppState {
+        broker: core.broker.clone(),
+        metrics: core.metrics.clone(),
+        ready: ready.clone(),
+    };
+    let _probe = match &args.probe_listen {
+        None => None,
+        Some(listen) => {
+            let probe = Bound::bind(listen)
+                .await
+                .map_err(|e| Failure::Runtime(format!("cannot listen on {listen}: {e}")))?;
+            tracing::info!(listen = %probe.local(), "Probe endpoint listening");
+            let probe_app = server::probe_app(state.clone());
+            Some(AbortOnDrop(tokio::spawn(async move {
+                if let Err(e) = probe.serve(probe_app, std::future::pending()).await {
+                    tracing::error!(error = %e, "Probe endpoint failed");
+                }
+            })))
+        }
+    };
     let app = server::app_with(
-        server::AppState {
-            broker: core.broker.clone(),
-            metrics: core.metrics.clone(),
-            ready: ready.clone(),
-        },
+        state,
         server::Options {
             bearer_token,
             ..server::Options::default()

@@ -25,6 +25,7 @@ pub mod kubelet;
 pub mod metrics;
 pub mod providers;
 pub mod routing;
+pub mod secret_sync;
 pub mod server;
 pub mod sink;
 pub mod static_secret;

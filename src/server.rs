@@ -149,6 +149,22 @@ async fn require_token(
     res
 }
 
+/// The probe router: `/healthz`, `/readyz` and `/metrics` only, never credentials. It
+/// serves `serve --probe-listen`, so the kubelet can probe (and Prometheus scrape) a
+/// sidecar whose credential endpoint listens on loopback.
+pub fn probe_app(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
+        .with_state(state)
+}
+
 async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let route = match req
         .extensions()

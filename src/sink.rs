@@ -31,11 +31,12 @@ pub struct Config {
     pub extra: Vec<Registry>,
 }
 
-/// Shortest and longest sleep between passes.
-const MIN_SLEEP: Duration = Duration::from_secs(5);
-const MAX_SLEEP: Duration = Duration::from_secs(60);
+/// Shortest and longest sleep between passes (shared with the Kubernetes Secret sync).
+pub(crate) const MIN_SLEEP: Duration = Duration::from_secs(5);
+pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(60);
 
-struct Held {
+/// One registry's current `auth` value and when it goes stale.
+pub(crate) struct Held {
     auth: Zeroizing<String>,
     stale_at: Option<SystemTime>,
 }
@@ -65,11 +66,15 @@ pub fn registries(broker: &Broker, extra: &[Registry]) -> Vec<Registry> {
     out
 }
 
-/// Runs one pass: fetch every registry, write the file if it changed. Returns when the
-/// next pass is due.
-async fn pass(broker: &Broker, config: &Config, held: &mut BTreeMap<Registry, Held>) -> Duration {
+/// Runs one pass: fetch every registry (`registries(broker, extra)`) into `held`.
+/// Returns when the next pass is due. Shared by the file sink and the Secret sync.
+pub(crate) async fn pass(
+    broker: &Broker,
+    extra: &[Registry],
+    held: &mut BTreeMap<Registry, Held>,
+) -> Duration {
     let now = broker.now();
-    let wanted = registries(broker, &config.extra);
+    let wanted = registries(broker, extra);
     held.retain(|r, _| wanted.contains(r));
     let mut next = MAX_SLEEP;
     for registry in &wanted {
@@ -92,7 +97,7 @@ async fn pass(broker: &Broker, config: &Config, held: &mut BTreeMap<Registry, He
             }
             Err(e) => {
                 if let BrokerError::Provider { .. } = e {
-                    tracing::warn!(%registry, error = %e, "Docker config sink: fetch failed; keeping the previous entry while it is valid");
+                    tracing::warn!(%registry, error = %e, "Credential sink: fetch failed; keeping the previous entry while it is valid");
                     next = next.min(MIN_SLEEP);
                 }
                 if held
@@ -108,7 +113,8 @@ async fn pass(broker: &Broker, config: &Config, held: &mut BTreeMap<Registry, He
     next.clamp(MIN_SLEEP, MAX_SLEEP)
 }
 
-fn render(held: &BTreeMap<Registry, Held>) -> Zeroizing<String> {
+/// The docker config document (`{"auths": {...}}`) for `held`.
+pub(crate) fn render(held: &BTreeMap<Registry, Held>) -> Zeroizing<String> {
     let auths: serde_json::Map<String, serde_json::Value> = held
         .iter()
         .map(|(r, h)| {
@@ -156,7 +162,7 @@ impl Sink {
     /// Writes the file once (start-up); fails if it cannot be written.
     pub async fn start(broker: Arc<Broker>, config: Config) -> std::io::Result<Sink> {
         let mut held = BTreeMap::new();
-        let next = pass(&broker, &config, &mut held).await;
+        let next = pass(&broker, &config.extra, &mut held).await;
         let last = render(&held);
         write_atomic(&config.path, last.as_bytes())?;
         tracing::info!(path = %config.path.display(), registries = held.len(), "Wrote docker config");
@@ -172,7 +178,7 @@ impl Sink {
     /// One pass now: fetch every registry (from the cache where fresh) and rewrite the
     /// file if its contents changed. The run loop calls this at each refresh point.
     pub async fn refresh(&mut self) {
-        self.next = pass(&self.broker, &self.config, &mut self.held).await;
+        self.next = pass(&self.broker, &self.config.extra, &mut self.held).await;
         let contents = render(&self.held);
         if *contents != *self.last {
             match write_atomic(&self.config.path, contents.as_bytes()) {

@@ -1,0 +1,428 @@
+//! Kubernetes Secret sync: `serve --sync-secret NAMESPACE/NAME` keeps a
+//! `kubernetes.io/dockerconfigjson` Secret with fresh credentials, so consumers that only
+//! read a Secret (a Flux `HelmRepository` of type `oci` or an `OCIRepository` with
+//! `secretRef`, Kubeapps, `imagePullSecrets`) work unmodified.
+//!
+//! The registries and the refresh schedule are the docker config sink's ([`crate::sink`]):
+//! every registry with a static entry or an exact provider rule, plus `--sink-registry`,
+//! rewritten before each credential's refresh point. Each pass reads every Secret and
+//! writes it only when its `.dockerconfigjson` differs, so a deleted Secret is recreated
+//! and a hand-edited one repaired at the next pass.
+//!
+//! Ownership: regbroker creates Secrets with the label
+//! `app.kubernetes.io/managed-by: regbroker` and only ever updates Secrets carrying it. An
+//! existing Secret without the label is left alone, with an error in the log at every
+//! pass, until someone deletes or labels it.
+//!
+//! API errors (unreachable server, 5xx, 403, conflicts that persist) never stop the
+//! sidecar: the Secret is retried with exponential backoff from 5 s up to 60 s, and the
+//! HTTP endpoint keeps serving. Update conflicts (another writer changed the
+//! `resourceVersion`) and create races are retried at once, a few times.
+//!
+//! The API client is kube-rs. In a pod it uses the service account (in-cluster config:
+//! `KUBERNETES_SERVICE_HOST`, the mounted token and CA); elsewhere the kubeconfig. Needed
+//! RBAC: `get`, `create`, `update` on `secrets` in each namespace named (see deploy/).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use regbroker_provider::Registry;
+use zeroize::Zeroizing;
+
+use crate::broker::Broker;
+use crate::sink::{self, Held, MAX_SLEEP, MIN_SLEEP};
+
+/// The label regbroker sets on the Secrets it owns, and requires before updating one.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// The value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY: &str = "regbroker";
+/// The Secret type written.
+pub const SECRET_TYPE: &str = "kubernetes.io/dockerconfigjson";
+/// The data key holding the docker config.
+pub const DATA_KEY: &str = ".dockerconfigjson";
+
+/// Log caps for the API client: kube-client logs a whole response body at WARN when it
+/// cannot parse it, which for a Secret would be its data. Applied after the user's filter.
+pub const LOG_DIRECTIVES: &[&str] = &["kube_client=error", "kube=error"];
+
+/// How many times a conflicting write is retried at once within one pass.
+const CONFLICT_RETRIES: usize = 3;
+
+/// A Secret to keep: `NAMESPACE/NAME`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SecretRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl fmt::Display for SecretRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A DNS-1123 label (namespaces) or subdomain (Secret names).
+fn valid_name(s: &str, max: usize, dots: bool) -> bool {
+    !s.is_empty()
+        && s.len() <= max
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+        && (dots || !s.contains('.'))
+}
+
+impl FromStr for SecretRef {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<SecretRef, String> {
+        let (namespace, name) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not NAMESPACE/NAME"))?;
+        if !valid_name(namespace, 63, false) {
+            return Err(format!(
+                "namespace {namespace:?} is not a DNS-1123 label (lower-case letters, digits, '-', at most 63)"
+            ));
+        }
+        if !valid_name(name, 253, true) {
+            return Err(format!(
+                "Secret name {name:?} is not a DNS-1123 subdomain (lower-case letters, digits, '-', '.', at most 253)"
+            ));
+        }
+        Ok(SecretRef {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        })
+    }
+}
+
+/// Secret sync settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The Secrets to keep; each gets the same registries.
+    pub secrets: Vec<SecretRef>,
+    /// Registries to include besides static entries and exact provider rules.
+    pub extra: Vec<Registry>,
+}
+
+/// What the last pass did to one Secret.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Created (it did not exist).
+    Created,
+    /// Updated (it held other data).
+    Updated,
+    /// Already up to date: nothing written.
+    Unchanged,
+    /// It exists without regbroker's label: left alone.
+    Foreign,
+    /// The API call failed (message, no secrets); retried with backoff.
+    Failed(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SyncError {
+    #[error(
+        "Secret exists and is not managed by regbroker (no label {MANAGED_BY_LABEL}={MANAGED_BY}); leaving it alone: delete it or add the label"
+    )]
+    Foreign,
+    #[error("Secret has type {0:?}, not {SECRET_TYPE}; delete it to let regbroker recreate it")]
+    WrongType(String),
+    #[error("Kubernetes API: {0}")]
+    Api(#[from] kube::Error),
+    #[error("gave up after {CONFLICT_RETRIES} conflicting writes")]
+    Conflicts,
+}
+
+struct Target {
+    secret: SecretRef,
+    failures: u32,
+    last: Option<Outcome>,
+}
+
+/// Keeps Kubernetes Secrets fresh.
+pub struct SecretSync {
+    broker: Arc<Broker>,
+    client: kube::Client,
+    extra: Vec<Registry>,
+    held: BTreeMap<Registry, Held>,
+    targets: Vec<Target>,
+    next: Duration,
+}
+
+impl fmt::Debug for SecretSync {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SecretSync")
+            .field(
+                "secrets",
+                &self.targets.iter().map(|t| &t.secret).collect::<Vec<_>>(),
+            )
+            .field("registries", &self.held.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// The delay after `failures` consecutive failures: 5 s, 10 s, 20 s, 40 s, then 60 s.
+fn backoff(failures: u32) -> Duration {
+    MIN_SLEEP
+        .saturating_mul(1 << failures.saturating_sub(1).min(16))
+        .min(MAX_SLEEP)
+}
+
+fn is_ours(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .is_some_and(|v| v == MANAGED_BY)
+}
+
+/// `contents` plus the entries the Secret already holds for `missing` registries (wanted,
+/// but with no credential this pass because the fetch failed), or `None` if there are
+/// none. A restart during a cloud outage then does not wipe credentials that may still
+/// be valid; an expired entry is no worse than none.
+fn keep_missing(
+    contents: &str,
+    existing: Option<&ByteString>,
+    missing: &[Registry],
+) -> Option<Zeroizing<String>> {
+    if missing.is_empty() {
+        return None;
+    }
+    let old: serde_json::Value = serde_json::from_slice(&existing?.0).ok()?;
+    let old_auths = old.get("auths")?.as_object()?;
+    let mut new: serde_json::Value = serde_json::from_str(contents).ok()?;
+    let auths = new.get_mut("auths")?.as_object_mut()?;
+    let mut kept = 0;
+    for registry in missing {
+        let key = registry.to_string();
+        if let Some(entry) = old_auths.get(&key) {
+            auths.insert(key, entry.clone());
+            kept += 1;
+        }
+    }
+    (kept > 0).then(|| Zeroizing::new(format!("{new:#}\n")))
+}
+
+/// Makes `secret` hold `contents`, creating it if absent. Never touches a Secret
+/// without regbroker's label. Entries for `missing` registries are kept (see
+/// [`keep_missing`]).
+async fn upsert(
+    client: &kube::Client,
+    secret: &SecretRef,
+    contents: &str,
+    missing: &[Registry],
+) -> Result<Outcome, SyncError> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), &secret.namespace);
+    let data =
+        |contents: &[u8]| BTreeMap::from([(DATA_KEY.to_string(), ByteString(contents.to_vec()))]);
+    for _ in 0..CONFLICT_RETRIES {
+        match api.get_opt(&secret.name).await? {
+            None => {
+                let new = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(secret.name.clone()),
+                        namespace: Some(secret.namespace.clone()),
+                        labels: Some(BTreeMap::from([(
+                            MANAGED_BY_LABEL.to_string(),
+                            MANAGED_BY.to_string(),
+                        )])),
+                        ..ObjectMeta::default()
+                    },
+                    type_: Some(SECRET_TYPE.to_string()),
+                    data: Some(data(contents.as_bytes())),
+                    ..Secret::default()
+                };
+                match api.create(&PostParams::default(), &new).await {
+                    Ok(_) => return Ok(Outcome::Created),
+                    // Someone created it between our read and write: read again.
+                    Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Some(mut existing) => {
+                if !is_ours(&existing.metadata) {
+                    return Err(SyncError::Foreign);
+                }
+                let type_ = existing.type_.clone().unwrap_or_default();
+                if type_ != SECRET_TYPE {
+                    return Err(SyncError::WrongType(type_));
+                }
+                let current = existing.data.as_ref().and_then(|d| d.get(DATA_KEY));
+                let kept = keep_missing(contents, current, missing);
+                if kept.is_some() {
+                    tracing::debug!(%secret, "Keeping the Secret's entries for registries whose fetch failed");
+                }
+                let contents = kept.as_deref().map_or(contents, |k| k.as_str()).as_bytes();
+                let same = current.is_some_and(|c| c.0 == contents)
+                    && existing.data.as_ref().is_some_and(|d| d.len() == 1)
+                    && existing.string_data.is_none();
+                if same {
+                    return Ok(Outcome::Unchanged);
+                }
+                // Keep its metadata (resourceVersion included, so a concurrent write
+                // conflicts instead of being overwritten).
+                existing.data = Some(data(contents));
+                existing.string_data = None;
+                match api
+                    .replace(&secret.name, &PostParams::default(), &existing)
+                    .await
+                {
+                    Ok(_) => return Ok(Outcome::Updated),
+                    Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    Err(SyncError::Conflicts)
+}
+
+impl SecretSync {
+    /// Syncs once (start-up). API errors do not fail start-up: they are logged and the
+    /// Secret is retried with backoff by [`SecretSync::run`].
+    pub async fn start(broker: Arc<Broker>, config: Config, client: kube::Client) -> SecretSync {
+        let mut sync = SecretSync {
+            broker,
+            client,
+            extra: config.extra,
+            held: BTreeMap::new(),
+            targets: config
+                .secrets
+                .into_iter()
+                .map(|secret| Target {
+                    secret,
+                    failures: 0,
+                    last: None,
+                })
+                .collect(),
+            next: MIN_SLEEP,
+        };
+        sync.refresh().await;
+        sync
+    }
+
+    /// One pass now: fetch every registry (from the cache where fresh), then read each
+    /// Secret and write it if its data differs. The run loop calls this at each refresh
+    /// point and after failures.
+    pub async fn refresh(&mut self) {
+        let mut next = sink::pass(&self.broker, &self.extra, &mut self.held).await;
+        let contents: Zeroizing<String> = sink::render(&self.held);
+        let missing: Vec<Registry> = sink::registries(&self.broker, &self.extra)
+            .into_iter()
+            .filter(|r| !self.held.contains_key(r))
+            .collect();
+        for target in &mut self.targets {
+            let secret = &target.secret;
+            let outcome = match upsert(&self.client, secret, &contents, &missing).await {
+                Ok(o) => {
+                    target.failures = 0;
+                    match o {
+                        Outcome::Created => {
+                            tracing::info!(%secret, registries = self.held.len(), "Created Secret")
+                        }
+                        Outcome::Updated => {
+                            tracing::info!(%secret, registries = self.held.len(), "Updated Secret")
+                        }
+                        _ => tracing::debug!(%secret, "Secret up to date"),
+                    }
+                    o
+                }
+                Err(SyncError::Foreign) => {
+                    target.failures = 0;
+                    tracing::error!(%secret, error = %SyncError::Foreign, "Cannot sync Secret");
+                    Outcome::Foreign
+                }
+                Err(e) => {
+                    target.failures = target.failures.saturating_add(1);
+                    let delay = backoff(target.failures);
+                    next = next.min(delay);
+                    tracing::warn!(%secret, error = %e, retry_in = ?delay, "Cannot sync Secret; retrying");
+                    Outcome::Failed(e.to_string())
+                }
+            };
+            target.last = Some(outcome);
+        }
+        self.next = next.clamp(MIN_SLEEP, MAX_SLEEP);
+    }
+
+    /// What the last pass did, per Secret, in the configured order.
+    pub fn outcomes(&self) -> Vec<(SecretRef, Option<Outcome>)> {
+        self.targets
+            .iter()
+            .map(|t| (t.secret.clone(), t.last.clone()))
+            .collect()
+    }
+
+    /// When the next pass is due.
+    pub fn next_pass_in(&self) -> Duration {
+        self.next
+    }
+
+    /// Keeps the Secrets fresh until the task is dropped.
+    pub async fn run(mut self) {
+        loop {
+            // Wake at the next refresh point, or sooner if the static sources change.
+            let before = self.broker.statics().snapshot();
+            let deadline = tokio::time::Instant::now() + self.next;
+            while tokio::time::Instant::now() < deadline {
+                let left = deadline - tokio::time::Instant::now();
+                tokio::time::sleep(Duration::from_secs(1).min(left)).await;
+                if !Arc::ptr_eq(&self.broker.statics().snapshot(), &before) {
+                    break;
+                }
+            }
+            self.refresh().await;
+        }
+    }
+}
+
+/// A client for the cluster this process runs in: the service account's in-cluster
+/// config in a pod, else the kubeconfig (`KUBECONFIG`, `~/.kube/config`).
+pub async fn client_from_environment() -> Result<kube::Client, String> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| format!("no Kubernetes API configuration (in-cluster or kubeconfig): {e}"))?;
+    kube::Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn secret_refs_parse_and_reject_with_clear_errors() {
+        let r: SecretRef = "flux-system/regbroker-ecr".parse().unwrap();
+        assert_eq!(r.namespace, "flux-system");
+        assert_eq!(r.name, "regbroker-ecr");
+        assert_eq!(r.to_string(), "flux-system/regbroker-ecr");
+        assert!("a/b.c".parse::<SecretRef>().is_ok());
+        for bad in [
+            "name", "/name", "ns/", "NS/name", "ns/Name", "a.b/name", "ns/-x", "ns/a/b", "ns/x_y",
+        ] {
+            let e = bad.parse::<SecretRef>().unwrap_err();
+            assert!(!e.is_empty(), "{bad}");
+        }
+        assert!("ns/name".parse::<SecretRef>().is_ok());
+    }
+
+    #[test]
+    fn backoff_doubles_from_min_to_max() {
+        let got: Vec<u64> = (1..=6).map(|n| backoff(n).as_secs()).collect();
+        assert_eq!(got, [5, 10, 20, 40, 60, 60]);
+        assert_eq!(backoff(u32::MAX), MAX_SLEEP);
+    }
+}
