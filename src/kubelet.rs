@@ -70,7 +70,8 @@ fn respond(
     settings: impl FnOnce() -> Result<Settings, String>,
     stdin: &mut dyn Read,
 ) -> Result<serde_json::Value, String> {
-    let mut buf = Vec::new();
+    // The request may carry the pod's service account token (KEP-4412): wipe it after use.
+    let mut buf = zeroize::Zeroizing::new(Vec::new());
     stdin
         .take(MAX_INPUT + 1)
         .read_to_end(&mut buf)

@@ -251,7 +251,7 @@ impl ExternalAccount {
                     };
                     Error::identity_missing(msg).with_source(e)
                 })?;
-                (raw, what)
+                (secrecy::zeroize::Zeroizing::new(raw), what)
             }
             Source::Url { url, headers } => {
                 let what = format!("subject token URL on {}", host_of(url));
@@ -265,18 +265,20 @@ impl ExternalAccount {
                 (resp.body, what)
             }
         };
-        let token = match &self.format {
-            TokenFormat::Text => String::from_utf8(raw)
+        let from_json;
+        let token: &str = match &self.format {
+            TokenFormat::Text => std::str::from_utf8(&raw)
                 .map_err(|_| Error::identity_missing(format!("{what} is not UTF-8 text")))?,
             TokenFormat::Json(field) => {
                 let value: serde_json::Value = http::parse_json(&what, &raw)?;
-                value
+                from_json = value
                     .get(field)
                     .and_then(|v| v.as_str())
-                    .map(str::to_string)
+                    .map(|s| secrecy::zeroize::Zeroizing::new(s.to_string()))
                     .ok_or_else(|| {
                         Error::identity_missing(format!("{what} has no string field `{field}`"))
-                    })?
+                    })?;
+                from_json.as_str()
             }
         };
         let token = token.trim();
