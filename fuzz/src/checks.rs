@@ -11,8 +11,9 @@
 //!   it): the same input with those letters and digits rotated gives the same message;
 //! - a docker config error is fixed text plus at most a registry key, never a value;
 //! - a glob pattern matches exactly when a plain reference matcher says it does;
-//! - the HTTP endpoint answers only the documented statuses, and a malformed query never
-//!   reaches a provider (a provider that recognises nothing counts its calls).
+//! - the HTTP endpoint answers only the documented statuses, serves only its one static
+//!   registry, and a malformed query never reaches a provider (a provider that recognises
+//!   nothing counts its calls).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -380,6 +381,9 @@ impl Provider for Nobody {
     }
 }
 
+/// The one registry the HTTP target's broker has a (static) credential for.
+const STATIC_HOST: &str = "static.fuzz.test";
+
 struct Http {
     runtime: tokio::runtime::Runtime,
     app: axum::Router,
@@ -391,8 +395,19 @@ fn http() -> &'static Http {
     HTTP.get_or_init(|| {
         let nobody = Arc::new(Nobody::default());
         let metrics = Arc::new(regbroker::metrics::Metrics::new());
+        // One static entry, so the success path is fuzzed too.
+        let path =
+            std::env::temp_dir().join(format!("regbroker-fuzz-http-{}.json", std::process::id()));
+        std::fs::write(
+            &path,
+            format!(r#"{{"auths":{{"{STATIC_HOST}":{{"username":"u","password":"fuzz-pw"}}}}}}"#),
+        )
+        .expect("a temporary docker config");
+        let statics = regbroker::static_secret::Store::open(vec![path.clone()], metrics.clone())
+            .expect("the docker config loads");
+        let _ = std::fs::remove_file(&path);
         let broker = regbroker::broker::Broker::new(
-            Arc::new(regbroker::static_secret::Store::empty(metrics.clone())),
+            Arc::new(statics),
             regbroker::routing::Router::default(),
             regbroker::providers::Providers::new(vec![nobody.clone() as Arc<dyn Provider>]),
             regbroker::cache::Config::default(),
@@ -450,6 +465,11 @@ pub fn http_query(data: &[u8]) {
             assert!(v["error"]["message"].is_string(), "{v}");
         }
         404 => assert_eq!(asked_now, asked + 1, "{query:?}"),
+        200 => {
+            assert_eq!(v["registry"], STATIC_HOST, "{query:?}");
+            assert_eq!(v["password"], "fuzz-pw");
+            assert_eq!(asked_now, asked, "a static entry wins before any provider");
+        }
         s => panic!("status {s} for {query:?} with nothing configured: {v}"),
     }
 }
