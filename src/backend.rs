@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http_body_util::BodyExt;
-use regbroker_provider::{Credential, Registry, SecretString, system_clock};
+use regbroker_provider::{Credential, ExposeSecret, Registry, SecretString, system_clock};
 
 use crate::broker::{Broker, BrokerError};
 use crate::config::Config;
@@ -72,8 +72,8 @@ impl std::str::FromStr for Endpoint {
 /// A source of credentials for one-shot modes.
 #[derive(Debug)]
 pub enum Backend {
-    /// Ask a running sidecar.
-    Sidecar(Endpoint),
+    /// Ask a running sidecar, with its bearer token if it needs one.
+    Sidecar(Endpoint, Option<SecretString>),
     /// Run the broker in this process.
     InProcess(Arc<Broker>),
 }
@@ -89,6 +89,8 @@ pub struct Settings {
     pub docker_config: Vec<PathBuf>,
     /// Disk cache directory.
     pub cache_dir: Option<PathBuf>,
+    /// Bearer token file for the sidecar (`REGBROKER_AUTH_TOKEN_FILE`).
+    pub auth_token_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -111,6 +113,7 @@ impl Settings {
                 })
                 .unwrap_or_default(),
             cache_dir: nonempty(crate::disk_cache::ENV).map(PathBuf::from),
+            auth_token_file: nonempty("REGBROKER_AUTH_TOKEN_FILE").map(PathBuf::from),
         })
     }
 }
@@ -158,7 +161,11 @@ impl Backend {
     /// The backend `settings` ask for.
     pub fn new(settings: &Settings) -> Result<Backend, String> {
         if let Some(e) = &settings.endpoint {
-            return Ok(Backend::Sidecar(e.clone()));
+            let token = match &settings.auth_token_file {
+                Some(p) => Some(crate::cli::read_token_file(p)?),
+                None => None,
+            };
+            return Ok(Backend::Sidecar(e.clone(), token));
         }
         let broker = build_broker(settings.config.as_ref(), &settings.docker_config)?.broker;
         let broker = match &settings.cache_dir {
@@ -189,13 +196,12 @@ impl Backend {
                     Err(e.to_string())
                 }
             },
-            Backend::Sidecar(endpoint) => {
-                tokio::time::timeout(SIDECAR_TIMEOUT, ask_sidecar(endpoint, registry))
-                    .await
-                    .map_err(|_| {
-                        format!("regbroker sidecar did not answer within {SIDECAR_TIMEOUT:?}")
-                    })?
-            }
+            Backend::Sidecar(endpoint, token) => tokio::time::timeout(
+                SIDECAR_TIMEOUT,
+                ask_sidecar(endpoint, token.as_ref(), registry),
+            )
+            .await
+            .map_err(|_| format!("regbroker sidecar did not answer within {SIDECAR_TIMEOUT:?}"))?,
         }
     }
 
@@ -203,7 +209,9 @@ impl Backend {
     pub fn now(&self) -> SystemTime {
         match self {
             Backend::InProcess(b) => b.now(),
-            Backend::Sidecar(_) => regbroker_provider::Clock::now(&regbroker_provider::SystemClock),
+            Backend::Sidecar(..) => {
+                regbroker_provider::Clock::now(&regbroker_provider::SystemClock)
+            }
         }
     }
 
@@ -211,12 +219,16 @@ impl Backend {
     pub fn cache_config(&self) -> crate::cache::Config {
         match self {
             Backend::InProcess(b) => b.cache().config().clone(),
-            Backend::Sidecar(_) => crate::cache::Config::default(),
+            Backend::Sidecar(..) => crate::cache::Config::default(),
         }
     }
 }
 
-async fn ask_sidecar(endpoint: &Endpoint, registry: &Registry) -> Result<Lookup, String> {
+async fn ask_sidecar(
+    endpoint: &Endpoint,
+    token: Option<&SecretString>,
+    registry: &Registry,
+) -> Result<Lookup, String> {
     let path = format!(
         "/v1/credentials?{}",
         serde_urlencoded::to_string([("registry", registry.as_str())]).map_err(|e| e.to_string())?
@@ -232,7 +244,7 @@ async fn ask_sidecar(endpoint: &Endpoint, registry: &Registry) -> Result<Lookup,
             let stream = tokio::net::TcpStream::connect(authority)
                 .await
                 .map_err(|e| unreachable(&e))?;
-            http_get(stream, authority, &path)
+            http_get(stream, authority, &path, token)
                 .await
                 .map_err(|e| unreachable(&e))?
         }
@@ -240,7 +252,7 @@ async fn ask_sidecar(endpoint: &Endpoint, registry: &Registry) -> Result<Lookup,
             let stream = tokio::net::UnixStream::connect(p)
                 .await
                 .map_err(|e| unreachable(&e))?;
-            http_get(stream, "localhost", &path)
+            http_get(stream, "localhost", &path, token)
                 .await
                 .map_err(|e| unreachable(&e))?
         }
@@ -284,6 +296,7 @@ async fn http_get<S>(
     stream: S,
     host: &str,
     path: &str,
+    token: Option<&SecretString>,
 ) -> Result<(u16, Vec<u8>), Box<dyn std::error::Error + Send + Sync>>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -291,9 +304,16 @@ where
     let (mut sender, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
     let conn = tokio::spawn(conn);
-    let req = hyper::Request::get(path)
+    let mut req = hyper::Request::get(path)
         .header(hyper::header::HOST, host)
         .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+    if let Some(token) = token {
+        let mut value =
+            hyper::header::HeaderValue::from_str(&format!("Bearer {}", token.expose_secret()))?;
+        value.set_sensitive(true);
+        req.headers_mut()
+            .insert(hyper::header::AUTHORIZATION, value);
+    }
     let res = sender.send_request(req).await?;
     let status = res.status().as_u16();
     let body = http_body_util::Limited::new(res.into_body(), MAX_RESPONSE_BYTES)

@@ -44,6 +44,17 @@ pub struct Config {
     pub capacity: u64,
     /// Most upstream fetches running at once, across all keys.
     pub max_concurrent_fetches: usize,
+    /// Longest one upstream fetch may take, the provider's own retries included.
+    #[serde(with = "humantime_serde")]
+    pub fetch_timeout: Duration,
+    /// After a failed fetch, answer the same error for this long without asking upstream
+    /// again (doubling with each consecutive failure, with jitter), so a failing upstream
+    /// is not hammered (ECR allows 20 requests per second per account and region).
+    #[serde(with = "humantime_serde")]
+    pub failure_backoff: Duration,
+    /// The longest such pause.
+    #[serde(with = "humantime_serde")]
+    pub max_failure_backoff: Duration,
 }
 
 impl Default for Config {
@@ -56,6 +67,9 @@ impl Default for Config {
             fallback_ttl: Duration::from_secs(60),
             capacity: 10_000,
             max_concurrent_fetches: 32,
+            fetch_timeout: Duration::from_secs(30),
+            failure_backoff: Duration::from_secs(1),
+            max_failure_backoff: Duration::from_secs(30),
         }
     }
 }
@@ -74,6 +88,14 @@ impl Config {
         }
         if self.max_concurrent_fetches == 0 {
             return Err("cache.max_concurrent_fetches must be at least 1".into());
+        }
+        if self.fetch_timeout.is_zero() {
+            return Err("cache.fetch_timeout must be more than 0".into());
+        }
+        if self.failure_backoff > self.max_failure_backoff {
+            return Err(
+                "cache.failure_backoff must not be greater than cache.max_failure_backoff".into(),
+            );
         }
         Ok(())
     }
@@ -176,6 +198,26 @@ pub trait Persist: Send + Sync + std::fmt::Debug {
     fn store(&self, key: &Key, entry: &Entry);
 }
 
+/// The last failure for a key: answered without asking upstream until `until`.
+#[derive(Clone, Debug)]
+struct Failure {
+    until: SystemTime,
+    consecutive: u32,
+    error: Arc<Error>,
+}
+
+/// How long to hold back after the `consecutive`-th failure in a row: the base doubled
+/// per failure, capped, then scaled by `jitter` in [0.5, 1] so that keys failing together
+/// do not retry together.
+pub fn failure_pause(config: &Config, consecutive: u32, jitter: f64) -> Duration {
+    let exp = consecutive.saturating_sub(1).min(20);
+    let pause = config
+        .failure_backoff
+        .saturating_mul(1u32 << exp)
+        .min(config.max_failure_backoff);
+    pause.mul_f64(jitter.clamp(0.5, 1.0))
+}
+
 type FetchResult = Result<Arc<Entry>, Arc<Error>>;
 type InFlight = Shared<BoxFuture<'static, FetchResult>>;
 
@@ -184,6 +226,7 @@ type InFlight = Shared<BoxFuture<'static, FetchResult>>;
 pub struct Cache {
     entries: moka::future::Cache<Key, Arc<Entry>>,
     inflight: Arc<AsyncMutex<HashMap<Key, InFlight>>>,
+    failures: moka::future::Cache<Key, Failure>,
     fetch_permits: Arc<Semaphore>,
     config: Arc<Config>,
     clock: SharedClock,
@@ -242,9 +285,14 @@ impl Cache {
                 clock: clock.clone(),
             })
             .build();
+        let failures = moka::future::Cache::builder()
+            .max_capacity(config.capacity)
+            .time_to_live(config.max_failure_backoff.max(Duration::from_secs(1)) * 4)
+            .build();
         Cache {
             entries,
             inflight: Arc::default(),
+            failures,
             fetch_permits: Arc::new(Semaphore::new(config.max_concurrent_fetches)),
             config: Arc::new(config),
             clock,
@@ -290,6 +338,21 @@ impl Cache {
         let now = self.clock.now();
         if let Some(entry) = cached.as_ref().filter(|e| now < e.lifetime.refresh_at) {
             return Ok((entry.credential.clone(), Outcome::Hit));
+        }
+
+        if let Some(failure) = self.failures.get(key).await.filter(|f| now < f.until) {
+            return match cached {
+                Some(entry) if now < entry.lifetime.stale_at => {
+                    Ok((entry.credential.clone(), Outcome::StaleServed))
+                }
+                _ => {
+                    tracing::debug!(
+                        provider = key.provider,
+                        "Upstream failed recently; answering its error without asking again"
+                    );
+                    Err(failure.error)
+                }
+            };
         }
 
         let shared = {
@@ -347,7 +410,14 @@ impl Cache {
         let task = tokio::spawn(async move {
             let result = {
                 let _permit = this.fetch_permits.acquire().await;
-                fetch.await
+                let timeout = this.config.fetch_timeout;
+                match tokio::time::timeout(timeout, fetch).await {
+                    Ok(r) => r,
+                    Err(_) => Err(Error::timed_out(format!(
+                        "no answer from upstream within {}",
+                        humantime::format_duration(timeout)
+                    ))),
+                }
             };
             let result = match result {
                 Ok(credential) => {
@@ -357,12 +427,26 @@ impl Cache {
                         lifetime,
                     });
                     this.entries.insert(key.clone(), entry.clone()).await;
+                    this.failures.invalidate(&key).await;
                     if let Some(p) = &this.persist {
                         p.store(&key, &entry);
                     }
                     Ok(entry)
                 }
-                Err(e) => Err(Arc::new(e)),
+                Err(e) => {
+                    let error = Arc::new(e);
+                    let consecutive =
+                        this.failures.get(&key).await.map_or(0, |f| f.consecutive) + 1;
+                    let pause =
+                        failure_pause(&this.config, consecutive, 0.5 + fastrand::f64() / 2.0);
+                    let failure = Failure {
+                        until: this.clock.now() + pause,
+                        consecutive,
+                        error: error.clone(),
+                    };
+                    this.failures.insert(key.clone(), failure).await;
+                    Err(error)
+                }
             };
             this.inflight.lock().await.remove(&key);
             result
@@ -472,6 +556,26 @@ mod tests {
             let l = plan(&c, t0(), Some(past));
             assert_eq!(l.stale_at, t0() + c.fallback_ttl, "expiry {past:?}");
         }
+    }
+
+    #[test]
+    fn failure_pause_doubles_caps_and_jitters() {
+        let c = Config {
+            failure_backoff: secs(1),
+            max_failure_backoff: secs(30),
+            ..Config::default()
+        };
+        assert_eq!(failure_pause(&c, 1, 1.0), secs(1));
+        assert_eq!(failure_pause(&c, 2, 1.0), secs(2));
+        assert_eq!(failure_pause(&c, 5, 1.0), secs(16));
+        assert_eq!(failure_pause(&c, 6, 1.0), secs(30));
+        assert_eq!(failure_pause(&c, 1000, 1.0), secs(30));
+        assert_eq!(failure_pause(&c, 3, 0.5), secs(2));
+        assert_eq!(
+            failure_pause(&c, 3, 0.0),
+            secs(2),
+            "jitter never below half"
+        );
     }
 
     #[test]

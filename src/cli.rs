@@ -93,6 +93,20 @@ struct ServeArgs {
     #[arg(long, env = "REGBROKER_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
 
+    /// Require `Authorization: Bearer <token>` on /v1/credentials, with the token read
+    /// from this file (at least 16 characters; a trailing newline is ignored).
+    #[arg(long, env = "REGBROKER_AUTH_TOKEN_FILE", value_name = "PATH")]
+    auth_token_file: Option<PathBuf>,
+
+    /// Allow listening on a non-loopback address without a token. Anyone who can reach
+    /// the port gets registry credentials: only for networks you fully control.
+    #[arg(long, env = "REGBROKER_INSECURE_LISTEN")]
+    insecure_listen: bool,
+
+    /// Numeric group id that may use the unix socket (mode 0660 instead of 0600).
+    #[arg(long, env = "REGBROKER_SOCKET_GROUP", value_name = "GID")]
+    socket_group: Option<u32>,
+
     /// Keep a docker config.json at PATH with fresh credentials for every registry with a
     /// static entry or an exact provider rule (mode 0600, atomic writes).
     #[arg(long, env = "REGBROKER_WRITE_DOCKER_CONFIG", value_name = "PATH")]
@@ -257,9 +271,45 @@ fn build_core(sources: &Sources) -> Result<Built, Failure> {
         .map_err(Failure::Config)
 }
 
+/// Reads a bearer token file; the error never quotes the file's contents.
+pub fn read_token_file(path: &std::path::Path) -> Result<regbroker_provider::SecretString, String> {
+    let raw = zeroize::Zeroizing::new(
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read the token file: {e}", path.display()))?,
+    );
+    let token = raw.trim_end_matches(['\n', '\r']);
+    if token.len() < 16 {
+        return Err(format!(
+            "{}: the token must be at least 16 characters",
+            path.display()
+        ));
+    }
+    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{}: the token must not contain whitespace",
+            path.display()
+        ));
+    }
+    Ok(token.to_string().into())
+}
+
 async fn serve(args: ServeArgs) -> Result<(), Failure> {
+    let bearer_token = match &args.auth_token_file {
+        Some(p) => Some(Arc::new(read_token_file(p).map_err(Failure::Config)?)),
+        None => None,
+    };
+    if let Listen::Tcp(addr) = &args.listen
+        && !addr.ip().is_loopback()
+        && bearer_token.is_none()
+        && !args.insecure_listen
+    {
+        return Err(Failure::Config(format!(
+            "refusing to serve credentials on non-loopback address {addr} without --auth-token-file; \
+             pass --insecure-listen if every client that can reach it may have every credential"
+        )));
+    }
     let core = build_core(&args.sources)?;
-    let bound = Bound::bind(&args.listen)
+    let bound = Bound::bind_with(&args.listen, args.socket_group)
         .await
         .map_err(|e| Failure::Runtime(format!("cannot listen on {}: {e}", args.listen)))?;
     let _watcher = if core.statics.paths().is_empty() {
@@ -288,11 +338,17 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
         }
     };
     let ready = Arc::new(AtomicBool::new(false));
-    let app = server::app(server::AppState {
-        broker: core.broker.clone(),
-        metrics: core.metrics.clone(),
-        ready: ready.clone(),
-    });
+    let app = server::app_with(
+        server::AppState {
+            broker: core.broker.clone(),
+            metrics: core.metrics.clone(),
+            ready: ready.clone(),
+        },
+        server::Options {
+            bearer_token,
+            ..server::Options::default()
+        },
+    );
     tracing::info!(
         listen = %bound.local(),
         static_entries = core.statics.snapshot().len(),

@@ -63,15 +63,21 @@ pub fn run(
     }
 }
 
-fn read_server_url(stdin: &mut dyn Read) -> Result<String, String> {
+/// Reads all of stdin, at most `max` bytes; `what` names the input in errors.
+pub(crate) fn read_limited(stdin: &mut dyn Read, max: u64, what: &str) -> Result<Vec<u8>, String> {
     let mut buf = Vec::new();
     stdin
-        .take(MAX_INPUT + 1)
+        .take(max + 1)
         .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read the server URL from stdin: {e}"))?;
-    if buf.len() as u64 > MAX_INPUT {
-        return Err("server URL on stdin is too long".into());
+        .map_err(|e| format!("cannot read the {what} from stdin: {e}"))?;
+    if buf.len() as u64 > max {
+        return Err(format!("{what} on stdin is larger than {max} bytes"));
     }
+    Ok(buf)
+}
+
+fn read_server_url(stdin: &mut dyn Read) -> Result<String, String> {
+    let buf = read_limited(stdin, MAX_INPUT, "server URL")?;
     let text =
         String::from_utf8(buf).map_err(|_| "server URL on stdin is not UTF-8".to_string())?;
     // Clients end the URL with a newline (docker) or not at all (containers-image).

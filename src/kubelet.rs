@@ -71,14 +71,7 @@ fn respond(
     stdin: &mut dyn Read,
 ) -> Result<serde_json::Value, String> {
     // The request may carry the pod's service account token (KEP-4412): wipe it after use.
-    let mut buf = zeroize::Zeroizing::new(Vec::new());
-    stdin
-        .take(MAX_INPUT + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read the request from stdin: {e}"))?;
-    if buf.len() as u64 > MAX_INPUT {
-        return Err("request on stdin is too large".into());
-    }
+    let buf = zeroize::Zeroizing::new(crate::helper::read_limited(stdin, MAX_INPUT, "request")?);
     let req: Request = serde_json::from_slice(&buf).map_err(|e| {
         format!(
             "request is not a CredentialProviderRequest (invalid JSON at line {} column {})",

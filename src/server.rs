@@ -18,8 +18,10 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use regbroker_provider::{ErrorKind, ExposeSecret, Registry};
+use regbroker_provider::{ErrorKind, ExposeSecret, Registry, SecretString};
 use serde_json::json;
+use std::time::Duration;
+use tokio::sync::Semaphore;
 
 use crate::broker::{Broker, BrokerError};
 use crate::metrics::Metrics;
@@ -38,19 +40,113 @@ pub struct AppState {
     pub ready: Arc<AtomicBool>,
 }
 
-/// The router.
+/// Who may ask, and how much at once.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// When set, `/v1/credentials` requires `Authorization: Bearer <token>`.
+    pub bearer_token: Option<Arc<SecretString>>,
+    /// Most requests handled at once; more are answered 503 at once (load shedding).
+    pub max_in_flight: usize,
+    /// Longest a request may take end to end.
+    pub request_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            bearer_token: None,
+            max_in_flight: 1024,
+            request_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The router with default [`Options`] (no token).
 pub fn app(state: AppState) -> Router {
+    app_with(state, Options::default())
+}
+
+/// The router.
+pub fn app_with(state: AppState, options: Options) -> Router {
+    let credentials_route = get(credentials).route_layer(middleware::from_fn_with_state(
+        options.bearer_token.clone(),
+        require_token,
+    ));
+    let guard = Arc::new(Guard {
+        in_flight: Semaphore::new(options.max_in_flight),
+        timeout: options.request_timeout,
+    });
     Router::new()
-        .route("/v1/credentials", get(credentials))
+        .route("/v1/credentials", credentials_route)
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(guard, limit))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
         ))
         .with_state(state)
+}
+
+#[derive(Debug)]
+struct Guard {
+    in_flight: Semaphore,
+    timeout: Duration,
+}
+
+async fn limit(State(guard): State<Arc<Guard>>, req: Request, next: Next) -> Response {
+    let Ok(_permit) = guard.in_flight.try_acquire() else {
+        return AppError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "overloaded",
+            message: "too many requests in flight; retry shortly".into(),
+        }
+        .into_response();
+    };
+    match tokio::time::timeout(guard.timeout, next.run(req)).await {
+        Ok(res) => res,
+        Err(_) => AppError {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            code: "request_timeout",
+            message: format!(
+                "request took longer than {}",
+                humantime::format_duration(guard.timeout)
+            ),
+        }
+        .into_response(),
+    }
+}
+
+/// Constant-time check of `Authorization: Bearer <token>` (the length is not hidden).
+async fn require_token(
+    State(token): State<Option<Arc<SecretString>>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    use subtle::ConstantTimeEq as _;
+    let Some(token) = token else {
+        return next.run(req).await;
+    };
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    let ok = presented.is_some_and(|p| bool::from(p.ct_eq(token.expose_secret().as_bytes())));
+    if ok {
+        return next.run(req).await;
+    }
+    let mut res = AppError {
+        status: StatusCode::UNAUTHORIZED,
+        code: "unauthorized",
+        message: "this endpoint needs `Authorization: Bearer <token>` with the configured token"
+            .into(),
+    }
+    .into_response();
+    res.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    res
 }
 
 async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -246,6 +342,12 @@ pub enum Bound {
 impl Bound {
     /// Binds `listen`. A unix socket gets mode 0600; a stale socket file is replaced.
     pub async fn bind(listen: &Listen) -> std::io::Result<Bound> {
+        Bound::bind_with(listen, None).await
+    }
+
+    /// As [`Bound::bind`]; with `socket_group`, a unix socket is given to that group with
+    /// mode 0660 so members of the group may connect.
+    pub async fn bind_with(listen: &Listen, socket_group: Option<u32>) -> std::io::Result<Bound> {
         match listen {
             Listen::Tcp(addr) => Ok(Bound::Tcp(tokio::net::TcpListener::bind(addr).await?)),
             Listen::Unix(path) => {
@@ -262,6 +364,10 @@ impl Bound {
                 }
                 let listener = tokio::net::UnixListener::bind(path)?;
                 std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                if let Some(gid) = socket_group {
+                    std::os::unix::fs::chown(path, None, Some(gid))?;
+                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+                }
                 Ok(Bound::Unix(listener, path.clone()))
             }
         }
@@ -284,13 +390,90 @@ impl Bound {
         app: Router,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
+        self.serve_with(app, shutdown, ConnLimits::default()).await
+    }
+
+    /// As [`Bound::serve`], with connection limits.
+    pub async fn serve_with(
+        self,
+        app: Router,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+        limits: ConnLimits,
+    ) -> std::io::Result<()> {
         match self {
-            Bound::Tcp(l) => axum::serve(l, app).with_graceful_shutdown(shutdown).await,
+            Bound::Tcp(l) => accept_loop(l, app, shutdown, limits).await,
             Bound::Unix(l, path) => {
-                let r = axum::serve(l, app).with_graceful_shutdown(shutdown).await;
+                let r = accept_loop(l, app, shutdown, limits).await;
                 let _ = std::fs::remove_file(path);
                 r
             }
         }
     }
+}
+
+/// Per-connection limits, enforced by hyper.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnLimits {
+    /// Most open connections; further clients wait in the kernel's accept queue.
+    pub max_connections: usize,
+    /// Longest time a client may take to send its request headers.
+    pub header_read_timeout: Duration,
+    /// Largest request head (request line and headers) read; more is answered 431.
+    pub max_header_bytes: usize,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        ConnLimits {
+            max_connections: 4096,
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 16 * 1024,
+        }
+    }
+}
+
+async fn accept_loop<L>(
+    listener: L,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    limits: ConnLimits,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Io: Send + 'static,
+{
+    let mut listener = listener;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = connections.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            _ = &mut shutdown => break,
+        };
+        let (io, _peer) = tokio::select! {
+            conn = listener.accept() => conn,
+            _ = &mut shutdown => break,
+        };
+        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service.clone());
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "Connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }

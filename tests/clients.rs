@@ -49,9 +49,8 @@ fn free_port() -> u16 {
 
 /// A distribution registry on loopback; with htpasswd auth unless `anonymous`.
 struct Registry {
-    child: std::process::Child,
     host: String,
-    _dir: tempfile::TempDir,
+    _process: Emulator,
 }
 
 impl Registry {
@@ -85,31 +84,21 @@ impl Registry {
             ));
         }
         std::fs::write(dir.path().join("config.yml"), config).unwrap();
-        let child = Command::new(bin)
-            .arg("serve")
-            .arg(dir.path().join("config.yml"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let host = format!("127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&host).is_err() {
-            assert!(Instant::now() < deadline, "registry did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let config = dir.path().join("config.yml").display().to_string();
+        // The registry answers /v2/ with 401 when it wants credentials, 200 otherwise.
+        let process = Emulator::spawn(
+            &bin,
+            &["serve", &config],
+            dir,
+            port,
+            "/v2/",
+            &[200, 401],
+            &[],
+        );
         Some(Registry {
-            child,
-            host,
-            _dir: dir,
+            host: process.addr.clone(),
+            _process: process,
         })
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -549,16 +538,32 @@ struct Emulator {
 }
 
 impl Emulator {
+    /// Starts `bin ARGS` (with `PORT` in ARGS replaced by a free port) in a fresh
+    /// directory and waits until `ready_path` answers 200.
     fn start(bin: &Path, args: &[&str], ready_path: &str, env: &[(&str, &str)]) -> Emulator {
         let port = free_port();
-        let cwd = tempfile::tempdir().unwrap();
         let port_s = port.to_string();
         let args: Vec<&str> = args
             .iter()
             .map(|a| if *a == "PORT" { port_s.as_str() } else { a })
             .collect();
+        let cwd = tempfile::tempdir().unwrap();
+        Emulator::spawn(bin, &args, cwd, port, ready_path, &[200], env)
+    }
+
+    /// Starts `bin ARGS` in `cwd`, listening on `port`, and waits until `ready_path`
+    /// answers one of `ready`.
+    fn spawn(
+        bin: &Path,
+        args: &[&str],
+        cwd: tempfile::TempDir,
+        port: u16,
+        ready_path: &str,
+        ready: &[u16],
+        env: &[(&str, &str)],
+    ) -> Emulator {
         let child = Command::new(bin)
-            .args(&args)
+            .args(args)
             .envs(env.iter().copied())
             .current_dir(cwd.path())
             .stdin(Stdio::null())
@@ -567,17 +572,19 @@ impl Emulator {
             .spawn()
             .unwrap();
         let addr = format!("127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(&addr).is_err() || http_status(&addr, ready_path) != 200
-        {
-            assert!(Instant::now() < deadline, "{} did not start", bin.display());
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Emulator {
+        let emulator = Emulator {
             child,
             addr,
             _cwd: cwd,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&emulator.addr).is_err()
+            || !ready.contains(&http_status(&emulator.addr, ready_path))
+        {
+            assert!(Instant::now() < deadline, "{} did not start", bin.display());
+            std::thread::sleep(Duration::from_millis(50));
         }
+        emulator
     }
 }
 

@@ -158,7 +158,12 @@ async fn upstream_failures_map_to_statuses() {
                 .unwrap()
                 .starts_with("fake: ")
         );
-        // Recovery is automatic: the next request fetches again and succeeds.
+        // The failure is remembered briefly so the upstream is not hammered...
+        let (got, _) = srv.credentials("a.fake.test").await;
+        assert_eq!(got, status);
+        assert_eq!(srv.fake.calls(), 1);
+        // ...and recovery is automatic once the pause is over.
+        srv.clock.advance(Duration::from_secs(30));
         let (got, body) = srv.credentials("a.fake.test").await;
         assert_eq!(got, 200, "{body}");
     }

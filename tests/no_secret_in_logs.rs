@@ -93,6 +93,55 @@ async fn no_secret_reaches_logs_errors_metrics_or_debug_at_trace() {
     outputs.push(format!("{:?}", srv.broker));
     outputs.push(srv.get("/metrics").await.1);
 
+    // The one-shot modes, in-process: the credential helper (get and list), the kubelet
+    // provider, with the disk cache on; and the docker config sink.
+    let good = dir.path().join("good.json");
+    std::fs::write(
+        &good,
+        format!(r#"{{"auths": {{"r.example.com": {{"auth": "{auth}"}}}}}}"#),
+    )
+    .unwrap();
+    let settings = regbroker::backend::Settings {
+        docker_config: vec![good.clone()],
+        cache_dir: Some(dir.path().join("cache")),
+        ..Default::default()
+    };
+    let s2 = settings.clone();
+    let (helper_out, kubelet_err) = tokio::task::spawn_blocking(move || {
+        let mut out = Vec::new();
+        let code = regbroker::helper::run("get", || Ok(s2.clone()), &mut &b"r.example.com\n"[..], &mut out);
+        assert_eq!(code, 0);
+        let code = regbroker::helper::run("list", || Ok(s2.clone()), &mut &b""[..], &mut out);
+        assert_eq!(code, 0);
+        let code = regbroker::helper::run("get", || Ok(s2.clone()), &mut &b"user:pw@x\n"[..], &mut out);
+        assert_eq!(code, 1);
+        let (mut kout, mut kerr) = (Vec::new(), Vec::new());
+        let req = br#"{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"CredentialProviderRequest","image":"r.example.com/x:1"}"#;
+        let code = regbroker::kubelet::run(|| Ok(s2.clone()), &mut &req[..], &mut kout, &mut kerr);
+        assert_eq!(code, 0);
+        // Only the protocol answers themselves may carry the secret; stderr never.
+        (String::from_utf8(out).unwrap(), String::from_utf8(kerr).unwrap())
+    })
+    .await
+    .unwrap();
+    assert!(
+        helper_out.contains(STATIC_PASSWORD),
+        "the helper answered the credential"
+    );
+    outputs.push(kubelet_err);
+    let sink_path = dir.path().join("sink.json");
+    let sink = regbroker::sink::Sink::start(
+        srv.broker.clone(),
+        regbroker::sink::Config {
+            path: sink_path,
+            extra: vec!["a.fake.test".parse().unwrap()],
+        },
+    )
+    .await
+    .unwrap();
+    outputs.push(format!("{sink:?}"));
+    outputs.push(format!("{settings:?}"));
+
     let logs = String::from_utf8(capture.0.lock().unwrap().clone()).unwrap();
     assert!(
         logs.contains("TRACE") || logs.contains("DEBUG"),

@@ -435,7 +435,9 @@ fn http() -> &'static Http {
             metrics,
             ready: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         });
+        // Timers: the router bounds each request's time.
         let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
             .build()
             .expect("a runtime");
         Http {

@@ -42,6 +42,7 @@ pub struct FakeProvider {
     gate: tokio::sync::Semaphore,
     gated: AtomicBool,
     delay: Mutex<Duration>,
+    flaky: AtomicBool,
 }
 
 impl FakeProvider {
@@ -54,6 +55,7 @@ impl FakeProvider {
             gate: tokio::sync::Semaphore::new(0),
             gated: AtomicBool::new(false),
             delay: Mutex::new(Duration::ZERO),
+            flaky: AtomicBool::new(false),
         })
     }
 
@@ -78,6 +80,11 @@ impl FakeProvider {
         *self.delay.lock().unwrap() = d;
     }
 
+    /// Make every second fetch fail (unavailable), for soak tests.
+    pub fn set_flaky(&self, on: bool) {
+        self.flaky.store(on, Ordering::SeqCst);
+    }
+
     pub fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
     }
@@ -90,6 +97,9 @@ impl FakeProvider {
         let delay = *self.delay.lock().unwrap();
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;
+        }
+        if self.flaky.load(Ordering::SeqCst) && n.is_multiple_of(2) {
+            return Err(Error::unavailable(format!("flaky upstream, call {n}")));
         }
         let answer = self
             .answers
@@ -114,7 +124,16 @@ impl Provider for FakeProvider {
     }
 
     fn recognise(&self, registry: &Registry) -> Option<Target> {
-        (registry.port().is_none() && registry.host().ends_with(".fake.test"))
+        if registry.port().is_some() {
+            return None;
+        }
+        // `*.own-scope.fake.test`: one credential per host (distinct cache keys).
+        if registry.host().ends_with(".own-scope.fake.test") {
+            return Some(Target::new(registry.clone(), registry.host()));
+        }
+        registry
+            .host()
+            .ends_with(".fake.test")
             .then(|| Target::new(registry.clone(), "fake-identity"))
     }
 

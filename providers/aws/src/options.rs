@@ -24,34 +24,21 @@ impl RuleOptions {
     /// Checks every key and value; the error names the bad key.
     pub fn parse(options: &Options) -> Result<RuleOptions, String> {
         check_known_options("aws", options, KNOWN)?;
-        let get = |k: &str| options.get(k).cloned();
-        let region = get("region");
-        if let Some(r) = &region
-            && !is_region(r)
-        {
-            return Err(format!(
-                "option `region` of the aws provider is not a region name like `us-east-1` (got `{}`)",
-                shown(r)
-            ));
-        }
-        let account = get("account");
-        if let Some(a) = &account
-            && !is_account(a)
-        {
-            return Err(format!(
-                "option `account` of the aws provider must be a 12-digit AWS account id (got `{}`)",
-                shown(a)
-            ));
-        }
-        let role_arn = get("role_arn");
-        if let Some(r) = &role_arn
-            && !is_role_arn(r)
-        {
-            return Err(format!(
-                "option `role_arn` of the aws provider must look like `arn:aws:iam::123456789012:role/NAME` (got `{}`)",
-                shown(r)
-            ));
-        }
+        // A present value must pass `valid`; the error names the key and what it expects.
+        let checked = |key: &str, valid: fn(&str) -> bool, expected: &str| match options.get(key) {
+            Some(v) if !valid(v) => Err(format!(
+                "option `{key}` of the aws provider {expected} (got `{}`)",
+                shown(v)
+            )),
+            v => Ok(v.cloned()),
+        };
+        let region = checked("region", is_region, "is not a region name like `us-east-1`")?;
+        let account = checked("account", is_account, "must be a 12-digit AWS account id")?;
+        let role_arn = checked(
+            "role_arn",
+            is_role_arn,
+            "must look like `arn:aws:iam::123456789012:role/NAME`",
+        )?;
         Ok(RuleOptions {
             region,
             account,

@@ -1,0 +1,275 @@
+//! Who may ask, and how much: bearer token, loopback-only by default, unix socket modes,
+//! load shedding and HTTP limits.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use common::{ServeProcess, TestServer, docker_config};
+use regbroker::server::{self, AppState, Bound, ConnLimits, Listen};
+
+const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
+const TOKEN: &str = "s3cr3t-bearer-token-0123456789";
+
+fn files(dir: &std::path::Path) -> (String, String) {
+    let dc = dir.join("config.json");
+    std::fs::write(&dc, docker_config(&[("r.example.com", "u", "pw")])).unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    (dc.display().to_string(), token.display().to_string())
+}
+
+async fn get(url: &str, token: Option<&str>) -> u16 {
+    let mut req = reqwest::Client::new().get(url);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    req.send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test]
+async fn bearer_token_guards_credentials_but_not_probes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (dc, token) = files(dir.path());
+    let mut srv = ServeProcess::start(&["--docker-config", &dc, "--auth-token-file", &token], &[]);
+    let url = format!("http://{}/v1/credentials?registry=r.example.com", srv.addr);
+    assert_eq!(get(&url, None).await, 401);
+    assert_eq!(get(&url, Some("wrong-token-wrong-token-wrong")).await, 401);
+    assert_eq!(
+        get(&url, Some(&TOKEN[..TOKEN.len() - 1])).await,
+        401,
+        "a prefix is not the token"
+    );
+    assert_eq!(get(&url, Some(TOKEN)).await, 200);
+    assert_eq!(
+        get(&format!("http://{}/healthz", srv.addr), None).await,
+        200
+    );
+    assert_eq!(get(&format!("http://{}/readyz", srv.addr), None).await, 200);
+
+    // The credential helper's sidecar backend sends the token from the same file.
+    let helper = |with_token: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["credential-helper", "get"])
+            .env_clear()
+            .env("REGBROKER_ENDPOINT", format!("http://{}", srv.addr))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        if with_token {
+            cmd.env("REGBROKER_AUTH_TOKEN_FILE", &token);
+        }
+        let mut child = cmd.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"r.example.com")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (out.status.code(), String::from_utf8(out.stdout).unwrap())
+    };
+    let (code, out) = helper(true);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("\"Secret\":\"pw\""));
+    let (code, out) = helper(false);
+    assert_eq!(code, Some(1));
+    assert!(out.contains("401"), "{out}");
+    assert!(srv.stop().success());
+}
+
+#[test]
+fn non_loopback_listen_needs_a_token_or_an_explicit_opt_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let (dc, token) = files(dir.path());
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "0.0.0.0:0", "--docker-config", &dc])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing") && err.contains("--insecure-listen"),
+        "{err}"
+    );
+
+    for extra in [
+        vec!["--insecure-listen"],
+        vec!["--auth-token-file", token.as_str()],
+    ] {
+        let mut args = vec!["--docker-config", dc.as_str(), "--listen", "0.0.0.0:0"];
+        args.extend(extra.iter().copied());
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .args(&args)
+            .env_clear()
+            .env("REGBROKER_LOG_FORMAT", "json")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let mut buf = [0u8; 4096];
+        let n = stderr.read(&mut buf).unwrap();
+        let first = String::from_utf8_lossy(&buf[..n]);
+        assert!(first.contains("Listening"), "{extra:?}: {first}");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+#[test]
+fn weak_or_unreadable_token_files_are_refused_without_quoting_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("short");
+    std::fs::write(&short, "tiny-secret\n").unwrap();
+    let spaced = dir.path().join("spaced");
+    std::fs::write(&spaced, "a token with spaces in it, long\n").unwrap();
+    for (path, needle) in [
+        (short.display().to_string(), "at least 16"),
+        (spaced.display().to_string(), "whitespace"),
+        ("/nonexistent/token".to_string(), "cannot read"),
+    ] {
+        let out = Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--auth-token-file",
+                &path,
+            ])
+            .env_clear()
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{path}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{err}");
+        assert!(
+            !err.contains("tiny-secret") && !err.contains("with spaces"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn unix_socket_group_gets_mode_0660() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let gid = std::fs::metadata(dir.path()).unwrap().gid();
+    let sock = dir.path().join("s.sock");
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            &format!("unix:{}", sock.display()),
+            "--socket-group",
+            &gid.to_string(),
+        ])
+        .env_clear()
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !sock.exists() {
+        assert!(std::time::Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let meta = std::fs::metadata(&sock).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    assert_eq!(meta.gid(), gid);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test]
+async fn requests_beyond_the_in_flight_limit_are_shed_with_503() {
+    let srv = TestServer::builder().start().await;
+    srv.fake.close_gate();
+    let app = server::app_with(
+        AppState {
+            broker: srv.broker.clone(),
+            metrics: srv.metrics.clone(),
+            ready: Arc::new(AtomicBool::new(true)),
+        },
+        server::Options {
+            max_in_flight: 2,
+            ..server::Options::default()
+        },
+    );
+    let bound = Bound::bind(&Listen::Tcp("127.0.0.1:0".parse().unwrap()))
+        .await
+        .unwrap();
+    let base = format!("http://{}", bound.local());
+    tokio::spawn(bound.serve(app, std::future::pending()));
+    let url = format!("{base}/v1/credentials?registry=a.fake.test");
+    let held: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(reqwest::get(url.clone())))
+        .collect();
+    while srv.fake.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let res = reqwest::get(&url).await.unwrap();
+    assert_eq!(res.status().as_u16(), 503);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "overloaded");
+    srv.fake.open_gate();
+    for h in held {
+        assert_eq!(h.await.unwrap().unwrap().status().as_u16(), 200);
+    }
+}
+
+#[tokio::test]
+async fn oversized_headers_get_431_and_silent_clients_are_cut_off() {
+    let srv = TestServer::builder().start().await;
+    let app = server::app(AppState {
+        broker: srv.broker.clone(),
+        metrics: srv.metrics.clone(),
+        ready: Arc::new(AtomicBool::new(true)),
+    });
+    let bound = Bound::bind(&Listen::Tcp("127.0.0.1:0".parse().unwrap()))
+        .await
+        .unwrap();
+    let addr = bound.local();
+    let limits = ConnLimits {
+        header_read_timeout: Duration::from_millis(300),
+        ..ConnLimits::default()
+    };
+    tokio::spawn(bound.serve_with(app, std::future::pending(), limits));
+
+    let addr2 = addr.clone();
+    let status_line = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&addr2).unwrap();
+        let big = "x".repeat(64 * 1024);
+        let _ = write!(
+            s,
+            "GET /healthz HTTP/1.1\r\nHost: a\r\nX-Big: {big}\r\n\r\n"
+        );
+        let mut resp = String::new();
+        let _ = s.read_to_string(&mut resp);
+        resp.lines().next().unwrap_or_default().to_string()
+    })
+    .await
+    .unwrap();
+    assert!(status_line.starts_with("HTTP/1.1 431"), "{status_line}");
+
+    let closed = tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = s.write_all(b"GET /healthz HTTP/1.1\r\n"); // and then nothing
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).is_ok()
+    })
+    .await
+    .unwrap();
+    assert!(
+        closed,
+        "a client that never finishes its headers must be disconnected"
+    );
+}

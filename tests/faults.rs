@@ -1,0 +1,127 @@
+//! Upstream faults at the broker level: a failing upstream is not hammered, a slow one
+//! times out, a credential stays servable until its real expiry while refresh fails, and
+//! recovery is automatic. (Each provider's own faults — 500s, throttling, resets,
+//! malformed answers — are tested against fakes in its crate.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Answer, TestServer};
+use regbroker_provider::Error;
+
+#[tokio::test]
+async fn failing_upstream_is_not_hammered_and_recovers_by_itself() {
+    let srv = TestServer::builder()
+        .config("[cache]\nfailure_backoff = \"2s\"\nmax_failure_backoff = \"8s\"\n")
+        .start()
+        .await;
+    for _ in 0..3 {
+        srv.fake.then(Answer::Fail(Error::throttled));
+    }
+    let (status, body) = srv.credentials("a.fake.test").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(srv.fake.calls(), 1);
+
+    // Fifty more requests inside the pause: answered at once, upstream untouched.
+    for _ in 0..50 {
+        let (status, body) = srv.credentials("a.fake.test").await;
+        assert_eq!(status, 503);
+        assert_eq!(body["error"]["code"], "upstream_throttled");
+    }
+    assert_eq!(srv.fake.calls(), 1);
+
+    // After the pause (at most 2 s for the first failure) one request goes upstream...
+    srv.clock.advance(Duration::from_secs(2));
+    assert_eq!(srv.credentials("a.fake.test").await.0, 503);
+    assert_eq!(srv.fake.calls(), 2);
+    // ...and the second consecutive failure pauses longer: 2-4 s.
+    srv.clock.advance(Duration::from_millis(1900));
+    assert_eq!(srv.credentials("a.fake.test").await.0, 503);
+    assert_eq!(srv.fake.calls(), 2, "still within the doubled pause");
+    srv.clock.advance(Duration::from_millis(2100));
+    assert_eq!(srv.credentials("a.fake.test").await.0, 503);
+    assert_eq!(srv.fake.calls(), 3);
+
+    // The upstream heals: after the pause the next request succeeds and the slate is clean.
+    srv.clock.advance(Duration::from_secs(8));
+    let (status, body) = srv.credentials("a.fake.test").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(srv.fake.calls(), 4);
+    let (status, _) = srv.credentials("a.fake.test").await;
+    assert_eq!(status, 200);
+    assert_eq!(srv.fake.calls(), 4, "served from the cache");
+}
+
+#[tokio::test]
+async fn a_failing_key_does_not_hold_back_other_keys() {
+    let srv = TestServer::builder()
+        .config("[[rule]]\nmatch = \"other.example.com\"\nsource = \"fake\"\noptions = { scope = \"other\" }\n")
+        .start()
+        .await;
+    srv.fake.then(Answer::Fail(Error::unavailable));
+    assert_eq!(srv.credentials("a.fake.test").await.0, 503);
+    assert_eq!(srv.credentials("other.example.com").await.0, 200);
+    assert_eq!(srv.fake.calls(), 2);
+}
+
+#[tokio::test]
+async fn slow_upstream_times_out_with_504_and_no_secret() {
+    let srv = TestServer::builder()
+        .config("[cache]\nfetch_timeout = \"200ms\"\n")
+        .start()
+        .await;
+    srv.fake.set_delay(Duration::from_secs(30));
+    let (status, body) = srv.credentials("a.fake.test").await;
+    assert_eq!(status, 504, "{body}");
+    assert_eq!(body["error"]["code"], "upstream_timeout");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("200ms"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn refresh_failures_serve_the_cached_credential_until_its_real_expiry() {
+    let srv = TestServer::builder().start().await;
+    srv.fake
+        .then(Answer::Credential(Some(Duration::from_secs(3600))));
+    assert_eq!(
+        srv.credentials("a.fake.test").await.1["password"],
+        "fake-secret-1"
+    );
+    for _ in 0..100 {
+        srv.fake.then(Answer::Fail(Error::unavailable));
+    }
+    // Past the refresh point (0.8 of 3570 s = 2856 s): every refresh fails, but the
+    // credential is still valid and keeps being served, without hammering upstream.
+    srv.clock.advance(Duration::from_secs(2900));
+    for _ in 0..20 {
+        let (status, body) = srv.credentials("a.fake.test").await;
+        assert_eq!(status, 200);
+        assert_eq!(body["password"], "fake-secret-1");
+    }
+    assert_eq!(srv.fake.calls(), 2, "one refresh attempt, then the pause");
+    // Past the stale point (3570 s) it is never served.
+    srv.clock.advance(Duration::from_secs(700));
+    let (status, body) = srv.credentials("a.fake.test").await;
+    assert_eq!(status, 503, "{body}");
+}
+
+#[tokio::test]
+async fn credential_expiring_in_seconds_is_served_once_and_refetched() {
+    let srv = TestServer::builder().start().await;
+    srv.fake
+        .then(Answer::Credential(Some(Duration::from_secs(5))));
+    assert_eq!(
+        srv.credentials("a.fake.test").await.1["password"],
+        "fake-secret-1"
+    );
+    srv.clock.advance(Duration::from_secs(5));
+    assert_eq!(
+        srv.credentials("a.fake.test").await.1["password"],
+        "fake-secret-2"
+    );
+}
