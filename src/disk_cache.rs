@@ -36,7 +36,8 @@ struct Record {
     provider: String,
     scope: String,
     username: String,
-    secret: String,
+    /// Zeroized on drop on every path, including records that are read and then ignored.
+    secret: zeroize::Zeroizing<String>,
     expires_at: Option<u64>,
     refresh_at: u64,
     stale_at: u64,
@@ -88,14 +89,14 @@ impl DiskCache {
             provider: key.provider.to_string(),
             scope: key.scope.clone(),
             username: entry.credential.username().to_string(),
-            secret: entry.credential.secret().expose_secret().to_string(),
+            secret: zeroize::Zeroizing::new(entry.credential.secret().expose_secret().to_string()),
             expires_at: entry.credential.expires_at().map(secs),
             refresh_at: secs(entry.lifetime.refresh_at),
             stale_at: secs(entry.lifetime.stale_at),
         };
         let json =
             zeroize::Zeroizing::new(serde_json::to_vec(&record).map_err(std::io::Error::other)?);
-        drop(zeroize::Zeroizing::new(record.secret));
+        drop(record);
         // NamedTempFile creates the file with mode 0600.
         let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
         tmp.write_all(&json)?;
@@ -110,7 +111,7 @@ impl DiskCache {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let record: Record = serde_json::from_slice(&bytes).map_err(|e| {
+        let mut record: Record = serde_json::from_slice(&bytes).map_err(|e| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!("line {} column {}", e.line(), e.column()),
@@ -124,7 +125,7 @@ impl DiskCache {
         Ok(Some(Entry {
             credential: Credential::new(
                 record.username,
-                SecretString::from(record.secret),
+                SecretString::from(std::mem::take(&mut *record.secret)),
                 record.expires_at.map(time),
             ),
             lifetime: Lifetime {

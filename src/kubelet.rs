@@ -70,7 +70,8 @@ fn respond(
     settings: impl FnOnce() -> Result<Settings, String>,
     stdin: &mut dyn Read,
 ) -> Result<serde_json::Value, String> {
-    let buf = crate::helper::read_limited(stdin, MAX_INPUT, "request")?;
+    // The request may carry the pod's service account token (KEP-4412): wipe it after use.
+    let buf = zeroize::Zeroizing::new(crate::helper::read_limited(stdin, MAX_INPUT, "request")?);
     let req: Request = serde_json::from_slice(&buf).map_err(|e| {
         format!(
             "request is not a CredentialProviderRequest (invalid JSON at line {} column {})",

@@ -115,7 +115,7 @@ pub fn load(paths: &[PathBuf]) -> Result<Snapshot, LoadError> {
     Ok(snapshot)
 }
 
-fn read_source(path: &Path) -> Result<(PathBuf, Vec<u8>), LoadError> {
+fn read_source(path: &Path) -> Result<(PathBuf, zeroize::Zeroizing<Vec<u8>>), LoadError> {
     let read_err = |source| LoadError::Read {
         path: path.to_path_buf(),
         source,
@@ -139,10 +139,12 @@ fn read_source(path: &Path) -> Result<(PathBuf, Vec<u8>), LoadError> {
     if meta.len() > MAX_DOCUMENT_BYTES {
         return Err(LoadError::TooLarge { path: file });
     }
-    let bytes = std::fs::read(&file).map_err(|source| LoadError::Read {
-        path: file.clone(),
-        source,
-    })?;
+    let bytes = std::fs::read(&file)
+        .map(zeroize::Zeroizing::new)
+        .map_err(|source| LoadError::Read {
+            path: file.clone(),
+            source,
+        })?;
     // Re-check the size actually read: the file may have grown since the metadata call.
     if bytes.len() as u64 > MAX_DOCUMENT_BYTES {
         return Err(LoadError::TooLarge { path: file });
@@ -156,13 +158,31 @@ fn read_source(path: &Path) -> Result<(PathBuf, Vec<u8>), LoadError> {
 /// are not registry names are skipped with a warning; empty entries (as docker writes when
 /// a credential store holds the secret) are skipped silently.
 pub fn parse_document(bytes: &[u8]) -> Result<Vec<(Registry, Credential)>, String> {
-    let value: Value = serde_json::from_slice(bytes)
+    let mut value: Value = serde_json::from_slice(bytes)
         .map_err(|e| format!("not valid JSON (line {} column {})", e.line(), e.column()))?;
+    let result = parse_value(&value);
+    // The parsed document holds every password in plain strings: wipe them.
+    scrub(&mut value);
+    result
+}
+
+/// Overwrites every string in a JSON value with zeros before it is dropped.
+fn scrub(value: &mut Value) {
+    use zeroize::Zeroize as _;
+    match value {
+        Value::String(s) => s.zeroize(),
+        Value::Array(items) => items.iter_mut().for_each(scrub),
+        Value::Object(map) => map.values_mut().for_each(scrub),
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
+}
+
+fn parse_value(value: &Value) -> Result<Vec<(Registry, Credential)>, String> {
     let Value::Object(top) = value else {
         return Err("expected a JSON object".into());
     };
     let auths = match top.get("auths") {
-        Some(Value::Object(auths)) => auths.clone(),
+        Some(Value::Object(auths)) => auths,
         Some(_) => return Err("`auths` must be an object".into()),
         // Legacy .dockercfg: the registry map itself.
         None if top.values().all(Value::is_object) => top,
@@ -177,7 +197,7 @@ pub fn parse_document(bytes: &[u8]) -> Result<Vec<(Registry, Credential)>, Strin
         }
     };
     let mut out = Vec::with_capacity(auths.len());
-    for (key, entry) in &auths {
+    for (key, entry) in auths {
         let Value::Object(entry) = entry else {
             return Err(format!("entry `{}` must be an object", safe_key(key)));
         };
@@ -239,8 +259,9 @@ fn parse_entry(entry: &serde_json::Map<String, Value>) -> Result<Option<Credenti
             .or_else(|_| {
                 base64::engine::general_purpose::STANDARD_NO_PAD.decode(auth.trim_end_matches('='))
             })
+            .map(zeroize::Zeroizing::new)
             .map_err(|_| "`auth` is not valid base64".to_string())?;
-        let decoded = String::from_utf8(decoded)
+        let decoded = std::str::from_utf8(&decoded)
             .map_err(|_| "`auth` does not decode to UTF-8".to_string())?;
         let (user, pass) = decoded
             .split_once(':')

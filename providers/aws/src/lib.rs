@@ -504,8 +504,9 @@ impl Provider for AwsProvider {
 pub fn decode_token(token: &str) -> Result<SecretString, &'static str> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(token.trim())
+        .map(secrecy::zeroize::Zeroizing::new)
         .map_err(|_| "the authorization token is not base64")?;
-    let text = String::from_utf8(bytes).map_err(|_| "the authorization token is not UTF-8")?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| "the authorization token is not UTF-8")?;
     match text.strip_prefix("AWS:") {
         Some(password) if !password.is_empty() => Ok(SecretString::from(password.to_string())),
         _ => Err("the authorization token is not `AWS:<password>`"),

@@ -251,32 +251,32 @@ impl ExternalAccount {
                     };
                     Error::identity_missing(msg).with_source(e)
                 })?;
-                (raw, what)
+                (secrecy::zeroize::Zeroizing::new(raw), what)
             }
             Source::Url { url, headers } => {
                 let what = format!("subject token URL on {}", host_of(url));
                 let client = if url.scheme() == "http" { local } else { api };
                 let resp = http::send(settings, Upstream::SubjectTokenUrl, &what, || {
-                    headers
-                        .iter()
-                        .fold(client.get(url.clone()), |r, (k, v)| r.header(k, v))
+                    subject_token_request(client, url, headers)
                 })
                 .await?;
                 (resp.body, what)
             }
         };
-        let token = match &self.format {
-            TokenFormat::Text => String::from_utf8(raw)
+        let from_json;
+        let token: &str = match &self.format {
+            TokenFormat::Text => std::str::from_utf8(&raw)
                 .map_err(|_| Error::identity_missing(format!("{what} is not UTF-8 text")))?,
             TokenFormat::Json(field) => {
                 let value: serde_json::Value = http::parse_json(&what, &raw)?;
-                value
+                from_json = value
                     .get(field)
                     .and_then(|v| v.as_str())
-                    .map(str::to_string)
+                    .map(|s| secrecy::zeroize::Zeroizing::new(s.to_string()))
                     .ok_or_else(|| {
                         Error::identity_missing(format!("{what} has no string field `{field}`"))
-                    })?
+                    })?;
+                from_json.as_str()
             }
         };
         let token = token.trim();
@@ -376,6 +376,25 @@ impl ExternalAccount {
     }
 }
 
+/// The GET for a URL-sourced subject token. The config's headers may carry a credential
+/// (`Authorization`, a metadata token), so every value is marked sensitive.
+fn subject_token_request(
+    client: &reqwest::Client,
+    url: &reqwest::Url,
+    headers: &BTreeMap<String, String>,
+) -> reqwest::RequestBuilder {
+    headers.iter().fold(client.get(url.clone()), |r, (k, v)| {
+        match reqwest::header::HeaderValue::from_str(v) {
+            Ok(mut value) => {
+                value.set_sensitive(true);
+                r.header(k.as_str(), value)
+            }
+            // Let reqwest report the bad value as it always did.
+            Err(_) => r.header(k.as_str(), v.as_str()),
+        }
+    })
+}
+
 /// `sa@p.iam.gserviceaccount.com` from `.../serviceAccounts/sa@p.iam.gserviceaccount.com:generateAccessToken`.
 fn impersonated_account(url: &reqwest::Url) -> String {
     url.path()
@@ -396,5 +415,30 @@ fn sensitive(value: &str) -> reqwest::header::HeaderValue {
         // A token with bytes a header cannot hold: send an empty value, the upstream
         // rejects it and says so.
         Err(_) => reqwest::header::HeaderValue::from_static(""),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_token_url_headers_are_sent_marked_sensitive() {
+        let client = reqwest::Client::new();
+        let url = reqwest::Url::parse("http://169.254.169.254/token").unwrap();
+        let headers = BTreeMap::from([
+            ("Authorization".to_string(), "Bearer sekrit".to_string()),
+            ("Metadata".to_string(), "true".to_string()),
+        ]);
+        let req = subject_token_request(&client, &url, &headers)
+            .build()
+            .unwrap();
+        for name in ["authorization", "metadata"] {
+            assert!(req.headers()[name].is_sensitive(), "{name}");
+        }
+        // A value no header can hold is still reqwest's error, as before.
+        let bad = BTreeMap::from([("X".to_string(), "a\nb".to_string())]);
+        assert!(subject_token_request(&client, &url, &bad).build().is_err());
     }
 }

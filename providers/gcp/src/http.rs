@@ -61,7 +61,8 @@ impl Upstream {
 
 /// A response whose status was 2xx, with its body read.
 pub(crate) struct Success {
-    pub(crate) body: Vec<u8>,
+    /// Token answers hold access tokens: wiped on drop.
+    pub(crate) body: secrecy::zeroize::Zeroizing<Vec<u8>>,
 }
 
 /// Why one attempt failed, before it is turned into a provider [`Error`].
@@ -125,7 +126,7 @@ pub(crate) async fn send(
                             "Token call answered"
                         );
                         return Ok(Success {
-                            body: body.to_vec(),
+                            body: secrecy::zeroize::Zeroizing::new(body.to_vec()),
                         });
                     }
                     Ok(body) => Failure::Status(status, body.to_vec()),
