@@ -36,6 +36,11 @@ pub enum Answer {
 #[derive(Debug)]
 pub struct FakeProvider {
     pub calls: AtomicUsize,
+    /// Fetches running now, and the most ever running at once.
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    /// The scope of every fetch, in call order.
+    scopes: Mutex<Vec<String>>,
     answers: Mutex<VecDeque<Answer>>,
     default: Answer,
     clock: SharedClock,
@@ -49,6 +54,9 @@ impl FakeProvider {
     pub fn new(clock: SharedClock) -> Arc<FakeProvider> {
         Arc::new(FakeProvider {
             calls: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            scopes: Mutex::new(Vec::new()),
             answers: Mutex::new(VecDeque::new()),
             default: Answer::Credential(Some(Duration::from_secs(3600))),
             clock,
@@ -89,7 +97,38 @@ impl FakeProvider {
         self.calls.load(Ordering::SeqCst)
     }
 
-    async fn fetch_inner(&self, _target: &Target) -> Result<Credential, Error> {
+    /// Fetches running now (started and not yet returned).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The most fetches that ever ran at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// How many fetches were made for `scope`.
+    pub fn calls_for(&self, scope: &str) -> usize {
+        self.scopes
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| *s == scope)
+            .count()
+    }
+
+    async fn fetch_inner(&self, target: &Target) -> Result<Credential, Error> {
+        self.scopes.lock().unwrap().push(target.scope().to_string());
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        // Decrements however the fetch ends, including when it is dropped.
+        struct Leave<'a>(&'a AtomicUsize);
+        impl Drop for Leave<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _leave = Leave(&self.in_flight);
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
         if self.gated.load(Ordering::SeqCst) {
             let _ = self.gate.acquire().await.unwrap();
@@ -141,11 +180,13 @@ impl Provider for FakeProvider {
         regbroker_provider::check_known_options("fake", options, &["scope"])
     }
 
+    /// Option `scope`: the cache scope; the value `{host}` gives each host its own.
     fn target(&self, registry: &Registry, options: &Options) -> Result<Target, Error> {
-        let scope = options
-            .get("scope")
-            .cloned()
-            .unwrap_or_else(|| "fake-identity".into());
+        let scope = match options.get("scope").map(String::as_str) {
+            Some("{host}") => registry.as_str().to_string(),
+            Some(s) => s.to_string(),
+            None => "fake-identity".into(),
+        };
         Ok(Target::new(registry.clone(), scope))
     }
 
