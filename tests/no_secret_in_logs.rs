@@ -31,11 +31,19 @@ impl Write for Capture {
 async fn no_secret_reaches_logs_errors_metrics_or_debug_at_trace() {
     let capture = Capture::default();
     let writer = capture.clone();
-    tracing_subscriber::fmt()
-        .with_env_filter(regbroker::cli::log_filter("trace"))
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .init();
+    {
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(move || writer.clone())
+                    .with_ansi(false)
+                    .with_filter(regbroker::cli::log_filter("trace")),
+            )
+            .init();
+    }
 
     const STATIC_PASSWORD: &str = "static-PASSWORD-do-not-log";
     const IDENTITY_TOKEN: &str = "identity-TOKEN-do-not-log";
