@@ -55,7 +55,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             bearer_token: None,
-            max_in_flight: 1024,
+            max_in_flight: 16_384,
             request_timeout: Duration::from_secs(60),
         }
     }
@@ -441,7 +441,7 @@ pub struct ConnLimits {
 impl Default for ConnLimits {
     fn default() -> Self {
         ConnLimits {
-            max_connections: 4096,
+            max_connections: 16_384,
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 16 * 1024,
         }

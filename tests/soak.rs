@@ -41,6 +41,14 @@ struct Counts {
     miss_503: AtomicU64,
     miss_other: AtomicU64,
     io_errors: AtomicU64,
+    /// Unexpected statuses and I/O errors, for the report.
+    odd: std::sync::Mutex<std::collections::BTreeMap<String, u64>>,
+}
+
+impl Counts {
+    fn odd(&self, what: String) {
+        *self.odd.lock().unwrap().entry(what).or_default() += 1;
+    }
 }
 
 /// Sends one GET on a keep-alive connection and returns the status code.
@@ -118,10 +126,17 @@ async fn soak_mixed_hits_and_failing_misses() {
                 match get(&mut stream, &path).await {
                     Ok(200) if miss => counts.miss_ok.fetch_add(1, Ordering::Relaxed),
                     Ok(503) if miss => counts.miss_503.fetch_add(1, Ordering::Relaxed),
-                    Ok(_) if miss => counts.miss_other.fetch_add(1, Ordering::Relaxed),
+                    Ok(s) if miss => {
+                        counts.odd(format!("miss {s}"));
+                        counts.miss_other.fetch_add(1, Ordering::Relaxed)
+                    }
                     Ok(200) => counts.hit_ok.fetch_add(1, Ordering::Relaxed),
-                    Ok(_) => counts.hit_bad.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => {
+                    Ok(s) => {
+                        counts.odd(format!("hit {s}"));
+                        counts.hit_bad.fetch_add(1, Ordering::Relaxed)
+                    }
+                    Err(e) => {
+                        counts.odd(format!("io {:?}", e.kind()));
                         counts.io_errors.fetch_add(1, Ordering::Relaxed);
                         return;
                     }
@@ -135,7 +150,7 @@ async fn soak_mixed_hits_and_failing_misses() {
     let rss_after = rss_kib();
     let c = &counts;
     let line = format!(
-        "soak: {secs}s, {conns} connections: hits ok {} bad {}; misses ok {} 503 {} other {}; io errors {}; upstream calls {}; cached {}; RSS {} KiB before, {} KiB after",
+        "soak: {secs}s, {conns} connections: hits ok {} bad {}; misses ok {} 503 {} other {}; io errors {}; upstream calls {}; cached {}; RSS {} KiB before, {} KiB after; unexpected: {:?}",
         c.hit_ok.load(Ordering::Relaxed),
         c.hit_bad.load(Ordering::Relaxed),
         c.miss_ok.load(Ordering::Relaxed),
@@ -146,6 +161,7 @@ async fn soak_mixed_hits_and_failing_misses() {
         srv.broker.cache().len(),
         rss_before,
         rss_after,
+        c.odd.lock().unwrap(),
     );
     println!("{line}");
     assert_eq!(
