@@ -374,16 +374,7 @@ impl SecretSync {
     /// Keeps the Secrets fresh until the task is dropped.
     pub async fn run(mut self) {
         loop {
-            // Wake at the next refresh point, or sooner if the static sources change.
-            let before = self.broker.statics().snapshot();
-            let deadline = tokio::time::Instant::now() + self.next;
-            while tokio::time::Instant::now() < deadline {
-                let left = deadline - tokio::time::Instant::now();
-                tokio::time::sleep(Duration::from_secs(1).min(left)).await;
-                if !Arc::ptr_eq(&self.broker.statics().snapshot(), &before) {
-                    break;
-                }
-            }
+            crate::sink::wait_for_next_pass(&self.broker, self.next).await;
             self.refresh().await;
         }
     }

@@ -127,6 +127,19 @@ pub(crate) fn render(held: &BTreeMap<Registry, Held>) -> Zeroizing<String> {
     Zeroizing::new(format!("{:#}\n", serde_json::json!({ "auths": auths })))
 }
 
+/// Sleeps until the next pass is due (`after`), or less if the static sources change.
+pub(crate) async fn wait_for_next_pass(broker: &Broker, after: Duration) {
+    let before = broker.statics().snapshot();
+    let deadline = tokio::time::Instant::now() + after;
+    while tokio::time::Instant::now() < deadline {
+        let left = deadline - tokio::time::Instant::now();
+        tokio::time::sleep(Duration::from_secs(1).min(left)).await;
+        if !Arc::ptr_eq(&broker.statics().snapshot(), &before) {
+            break;
+        }
+    }
+}
+
 /// Writes `contents` to `path` atomically with mode 0600.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     let dir = path
@@ -202,16 +215,7 @@ impl Sink {
     /// Keeps the file fresh until the task is dropped.
     pub async fn run(mut self) {
         loop {
-            // Wake at the next refresh point, or sooner if the static sources change.
-            let before = self.broker.statics().snapshot();
-            let deadline = tokio::time::Instant::now() + self.next;
-            while tokio::time::Instant::now() < deadline {
-                let left = deadline - tokio::time::Instant::now();
-                tokio::time::sleep(Duration::from_secs(1).min(left)).await;
-                if !Arc::ptr_eq(&self.broker.statics().snapshot(), &before) {
-                    break;
-                }
-            }
+            crate::sink::wait_for_next_pass(&self.broker, self.next).await;
             self.refresh().await;
         }
     }
