@@ -3,7 +3,8 @@
 # with a reference in the same run, and writes the figures into BENCHMARKS.md.
 #
 # Needs (installs nothing itself):
-#   apt-get install wrk hyperfine amazon-ecr-credential-helper curl python3
+#   apt-get install wrk hyperfine amazon-ecr-credential-helper curl python3 musl-tools binutils
+#   rustup target add x86_64-unknown-linux-musl   (it measures the image's static binaries)
 #   pip install gcplocal 'moto[server]'        (the test venv: .ci/requirements.txt)
 # Settings: BENCH_DURATION (s per wrk run, default 8), BENCH_ROUNDS (alternating wrk
 # rounds, default 3), BENCH_RUNS (hyperfine runs per command, default 300),
@@ -21,6 +22,11 @@ need curl "apt-get install curl"
 need python3 "apt-get install python3"
 need gcplocal "pip install gcplocal"
 need moto_server "pip install 'moto[server]'"
+need readelf "apt-get install binutils"
+triple=${TARGET:-$(uname -m)-unknown-linux-musl}
+if ! rustup target list --installed 2>/dev/null | grep -qx "$triple"; then
+  missing+=("the $triple Rust target (rustup target add $triple; apt-get install musl-tools)")
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   printf 'bench/run.sh needs: %s\n' "${missing[@]}" >&2
   exit 1
@@ -34,13 +40,17 @@ measure="python3 $root/bench/measure.py"
 started=$SECONDS
 step() { printf '\n=== %s (%ss)\n' "$*" "$((SECONDS - started))" >&2; }
 
-step "cargo build --release"
-# Two builds: an example also gets the dev-dependencies' features, the measured binary must not.
-cargo build --release --bin regbroker
-cargo build --release --example bench_bare_server
+step "release build (scripts/build-release.sh, $triple)"
+# The binaries the image ships (static musl; the sidecar static-pie, the helper a plain
+# static executable), and the bare server for the same target. Two cargo invocations:
+# an example also gets the dev-dependencies' features, the measured binary must not.
+dist=$root/target/bench-dist
+TARGET=$triple bash scripts/build-release.sh "$dist"
+cargo build --release --target "$triple" --example bench_bare_server
 target=${CARGO_TARGET_DIR:-$root/target}
-bin=$target/release/regbroker
-bare=$target/release/examples/bench_bare_server
+bin=$dist/regbroker
+helper_bin=$dist/docker-credential-regbroker
+bare=$target/$triple/release/examples/bench_bare_server
 
 work=$(mktemp -d)
 pids=()
@@ -139,7 +149,7 @@ for path in static gcp; do
   done
   kill "$bare_pid"
   for who in bare side; do
-    read -r rps["$path-$who"] p99["$path-$who"] < <($measure wrk "$work"/wrk-"$path-$who"-*.txt)
+    read -r rps["$path-$who"] p99["$path-$who"] < <($measure wrk "$work/wrk-$path-$who-"*.txt)
   done
 done
 bytes_static=$(wc -c <"$work/static-body.json")
@@ -147,7 +157,7 @@ bytes_gcp=$(wc -c <"$work/gcp-body.json")
 
 # -------------------------------------------------------- 4. credential helper `get` latency
 step "credential helper get (hyperfine, ${runs} runs each)"
-ln -sf "$bin" "$work/docker-credential-regbroker"
+ln -sf "$helper_bin" "$work/docker-credential-regbroker"
 helper=$work/docker-credential-regbroker
 # The reference answers from its own warm file cache (~/.ecr/cache.json, the format of
 # amazon-ecr-credential-helper's ecr-login/cache: key "<region>-<base64(access key id ||
@@ -190,6 +200,7 @@ helper_cmds=(
   inproc_static "$helper get <$work/ecr-input"
   sidecar_gcp "REGBROKER_ENDPOINT=http://$sidecar $helper get <$work/gar-input"
   sidecar_static "REGBROKER_ENDPOINT=http://$sidecar $helper get <$work/ecr-input"
+  pie_static "$bin credential-helper get <$work/ecr-input"
 )
 helper_rounds=5
 for r in $(seq 0 $((helper_rounds - 1))); do
@@ -262,6 +273,7 @@ startup_ms=$(BENCH_ADDR=127.0.0.1:$port $measure startup 20 /readyz -- \
 startup_bare_ms=$(BENCH_ADDR=127.0.0.1:$port $measure startup 20 /v1/credentials -- \
   "$bare" "127.0.0.1:$port" "$work/static-body.json")
 size_bin=$(stat -c %s "$bin")
+size_helper=$(stat -c %s "$helper_bin")
 size_bare=$(stat -c %s "$bare")
 
 # --------------------------------------------------------------------- criterion benches
@@ -298,7 +310,7 @@ http_row() {
 figures=$work/figures.md
 {
   echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)), load average at the start $(cut -d' ' -f1-3 /proc/loadavg); regbroker $(git describe --always --dirty), $(rustc --version | cut -d' ' -f1-2)."
-  echo "Command: \`bash bench/run.sh\` (BENCH_DURATION=$duration BENCH_ROUNDS=$rounds BENCH_RUNS=$runs); it took $((SECONDS - started)) s after the build."
+  echo "Binaries: \`scripts/build-release.sh\` for $triple, what the image ships. Command: \`bash bench/run.sh\` (BENCH_DURATION=$duration BENCH_ROUNDS=$rounds BENCH_RUNS=$runs); it took $((SECONDS - started)) s after the build."
   echo
   echo "### 1. Sidecar endpoint over loopback vs a bare axum server (same bytes)"
   echo
@@ -328,6 +340,7 @@ figures=$work/figures.md
   helper_row inproc_static "in-process, static docker config entry"
   helper_row sidecar_gcp "via the sidecar, gcp token from its in-memory cache"
   helper_row sidecar_static "via the sidecar, static entry"
+  helper_row pie_static "in-process, static entry, through the static-pie sidecar binary (\`regbroker credential-helper get\`): what the helper would cost linked as PIE"
   echo
   echo "### 5. Memory, start-up, size"
   echo
@@ -338,7 +351,7 @@ figures=$work/figures.md
   echo "| RSS with 10,000 cached ECR credentials (aws provider, moto, one per account; $upstream_ecr upstream calls, filled in ${fill_s} s) | $(mib "$rss_ecr_after") MiB (+$(mib $((rss_ecr_after - rss_ecr_before))) MiB over $(mib "$rss_ecr_before") MiB before) | | ≤ idle + 20 MiB: $(verdict $((rss_ecr_after - rss_ecr_before)) '<=' 20480) |"
   echo "| RSS with 10,000 static entries (256-byte secrets; a docker config may be at most 4 MiB), each served once | $(mib "$rss_static10k") MiB (+$(mib $((rss_static10k - rss_idle))) MiB over idle) | | ≤ idle + 20 MiB: $(verdict $((rss_static10k - rss_idle)) '<=' 20480) |"
   echo "| start to first 200 (\`/readyz\`; bare: its route), median of 20 | ${startup_ms} ms | ${startup_bare_ms} ms | ≤ 100 ms: $(verdict "$startup_ms" '<=' 100) |"
-  echo "| release binary (stripped, thin LTO, all providers) | $(mib $((size_bin / 1024))) MiB | $(mib $((size_bare / 1024))) MiB | reported |"
+  echo "| release binaries, static musl, stripped, thin LTO, all providers: \`regbroker\` (static-pie) / \`docker-credential-regbroker\` (no PIE) | $(mib $((size_bin / 1024))) MiB / $(mib $((size_helper / 1024))) MiB | $(mib $((size_bare / 1024))) MiB | reported |"
   echo
   echo "### Criterion (in-process, absolute times: noisy here, for comparing commits on one machine)"
   echo

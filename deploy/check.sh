@@ -17,6 +17,6 @@ echo "manifests"
 python3 deploy/check_manifests.py
 
 echo "shellcheck"
-shellcheck deploy/check.sh .ci/run
+shellcheck deploy/check.sh .ci/run bench/run.sh scripts/*.sh fuzz/run.sh
 
 echo "deploy checks ok"

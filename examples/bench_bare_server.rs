@@ -13,6 +13,12 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use bytes::Bytes;
 
+/// The same allocator as the `regbroker` binary, so the comparison measures regbroker's
+/// work rather than the allocator.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let (Some(listen), Some(body_file)) = (args.next(), args.next()) else {

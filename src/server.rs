@@ -269,17 +269,43 @@ async fn credentials(
         .expires_at()
         .filter(|t| *t > state.broker.now())
         .map(crate::rfc3339);
-    let body = json!({
-        "registry": served.registry.as_str(),
-        "username": served.credential.username(),
-        "password": served.credential.secret().expose_secret(),
-        "expiresAt": expires,
-        "provider": served.source,
-    });
-    let mut res = axum::Json(body).into_response();
-    res.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(res)
+    // Serialised straight from borrowed fields: one copy of the secret (the body), where
+    // a `serde_json::Value` made a second, unzeroised one and a map per request.
+    let body = serde_json::to_vec(&CredentialBody {
+        expires_at: expires.as_deref(),
+        password: served.credential.secret().expose_secret(),
+        provider: served.source,
+        registry: served.registry.as_str(),
+        username: served.credential.username(),
+    })
+    .map_err(|e| AppError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        code: "internal",
+        message: format!("cannot encode the answer: {e}"),
+    })?;
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// The 200 answer of `/v1/credentials`, fields in the order earlier releases printed them
+/// (alphabetical); `expiresAt` is `null` for a credential without a known expiry.
+#[derive(serde::Serialize)]
+struct CredentialBody<'a> {
+    #[serde(rename = "expiresAt")]
+    expires_at: Option<&'a str>,
+    password: &'a str,
+    provider: &'a str,
+    registry: &'a str,
+    username: &'a str,
 }
 
 async fn healthz() -> &'static str {
