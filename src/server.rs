@@ -269,35 +269,23 @@ async fn credentials(
         .expires_at()
         .filter(|t| *t > state.broker.now())
         .map(crate::rfc3339);
-    // Serialised straight from borrowed fields: one copy of the secret (the body), where
-    // a `serde_json::Value` made a second, unzeroised one and a map per request.
-    let body = serde_json::to_vec(&CredentialBody {
+    let mut res = axum::Json(CredentialBody {
         expires_at: expires.as_deref(),
         password: served.credential.secret().expose_secret(),
         provider: served.source,
         registry: served.registry.as_str(),
         username: served.credential.username(),
     })
-    .map_err(|e| AppError {
-        status: StatusCode::INTERNAL_SERVER_ERROR,
-        code: "internal",
-        message: format!("cannot encode the answer: {e}"),
-    })?;
-    Ok((
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            ),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-        ],
-        body,
-    )
-        .into_response())
+    .into_response();
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(res)
 }
 
-/// The 200 answer of `/v1/credentials`, fields in the order earlier releases printed them
-/// (alphabetical); `expiresAt` is `null` for a credential without a known expiry.
+/// The 200 answer of `/v1/credentials`, serialised straight from borrowed fields (a
+/// `serde_json::Value` made a second, unzeroised copy of the secret and a map per
+/// request). Fields in the order earlier releases printed them (alphabetical);
+/// `expiresAt` is `null` for a credential without a known expiry.
 #[derive(serde::Serialize)]
 struct CredentialBody<'a> {
     #[serde(rename = "expiresAt")]

@@ -35,6 +35,37 @@ async fn static_credential_is_served() {
     assert_eq!(status, 404, "{body}");
 }
 
+/// The answer's exact bytes and headers: clients parse it with their own JSON readers, so
+/// the field set, names and order, and `null` for an unknown expiry are part of the contract.
+#[tokio::test]
+async fn credential_answer_is_exact_json_marked_no_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(
+        &path,
+        docker_config(&[("registry.example.com", "alice", "s3\"cr\\et")]),
+    )
+    .unwrap();
+    let srv = TestServer::builder().docker_config(&path).start().await;
+
+    let res = srv
+        .client
+        .get(format!(
+            "{}/v1/credentials?registry=registry.example.com",
+            srv.base
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(res.headers()["content-type"], "application/json");
+    assert_eq!(res.headers()["cache-control"], "no-store");
+    assert_eq!(
+        res.text().await.unwrap(),
+        r#"{"expiresAt":null,"password":"s3\"cr\\et","provider":"static","registry":"registry.example.com","username":"alice"}"#
+    );
+}
+
 #[tokio::test]
 async fn static_beats_a_provider_for_the_same_host() {
     let dir = tempfile::tempdir().unwrap();
