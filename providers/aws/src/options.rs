@@ -106,13 +106,7 @@ fn shown(v: &str) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    fn opts(pairs: &[(&str, &str)]) -> Options {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
+    use crate::test_support::opts;
 
     #[test]
     fn good_options_are_accepted() {

@@ -1,0 +1,114 @@
+//! The exchange itself: ECR's and ECR Public's `GetAuthorizationToken`, and decoding of
+//! the token they answer (`base64("AWS:<password>")`) into the credential's password.
+//!
+//! Reads no env var: the calls go through the clients of `clients`.
+
+use std::time::SystemTime;
+
+use base64::Engine;
+use regbroker_provider::{Credential, Error, SecretString};
+
+use crate::{AwsProvider, PUBLIC_REGION, USERNAME, errors};
+
+impl AwsProvider {
+    /// The ECR credential of `account` in `region`, as `role` (or the base identity).
+    pub(crate) async fn fetch_private(
+        &self,
+        role: Option<&str>,
+        region: &str,
+        account: &str,
+    ) -> Result<Credential, Error> {
+        let what = format!("ECR GetAuthorizationToken for account {account} in {region}");
+        let client = self.ecr_client(role, region).await;
+        // `registryIds` is deprecated (a token works for every registry the identity can
+        // read), but it still selects the account whose proxy endpoint is returned, as
+        // docker-credential-ecr-login does.
+        #[allow(deprecated)]
+        let out = client
+            .get_authorization_token()
+            .registry_ids(account)
+            .send()
+            .await
+            .map_err(|e| errors::map_sdk_error(&what, e))?;
+        let data = out
+            .authorization_data()
+            .iter()
+            .find(|d| d.authorization_token().is_some())
+            .ok_or_else(|| {
+                Error::bad_response(format!("{what}: no authorization data in the answer"))
+            })?;
+        let token = data.authorization_token().unwrap_or_default();
+        let password =
+            decode_token(token).map_err(|why| Error::bad_response(format!("{what}: {why}")))?;
+        let expires_at = expiry(data.expires_at());
+        tracing::debug!(%account, %region, ?expires_at, "Fetched ECR token");
+        Ok(Credential::new(USERNAME, password, expires_at))
+    }
+
+    /// The ECR Public credential, as `role` (or the base identity).
+    pub(crate) async fn fetch_public(&self, role: Option<&str>) -> Result<Credential, Error> {
+        let what = format!("ECR Public GetAuthorizationToken in {PUBLIC_REGION}");
+        let client = self.public_client(role).await;
+        let out = client
+            .get_authorization_token()
+            .send()
+            .await
+            .map_err(|e| errors::map_sdk_error(&what, e))?;
+        let data = out
+            .authorization_data()
+            .filter(|d| d.authorization_token().is_some())
+            .ok_or_else(|| {
+                Error::bad_response(format!("{what}: no authorization data in the answer"))
+            })?;
+        let token = data.authorization_token().unwrap_or_default();
+        let password =
+            decode_token(token).map_err(|why| Error::bad_response(format!("{what}: {why}")))?;
+        let expires_at = expiry(data.expires_at());
+        tracing::debug!(?expires_at, "Fetched ECR Public token");
+        Ok(Credential::new(USERNAME, password, expires_at))
+    }
+}
+
+/// Decodes ECR's `base64("AWS:<password>")`. The error never holds the token.
+pub fn decode_token(token: &str) -> Result<SecretString, &'static str> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(token.trim())
+        .map(secrecy::zeroize::Zeroizing::new)
+        .map_err(|_| "the authorization token is not base64")?;
+    let text = std::str::from_utf8(&bytes).map_err(|_| "the authorization token is not UTF-8")?;
+    match text.strip_prefix("AWS:") {
+        Some(password) if !password.is_empty() => Ok(SecretString::from(password.to_string())),
+        _ => Err("the authorization token is not `AWS:<password>`"),
+    }
+}
+
+fn expiry(at: Option<&aws_smithy_types::DateTime>) -> Option<SystemTime> {
+    at.and_then(|d| SystemTime::try_from(*d).ok())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use regbroker_provider::ExposeSecret;
+
+    #[test]
+    fn tokens_decode_only_in_the_aws_shape() {
+        let enc = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        assert_eq!(
+            decode_token(&enc("AWS:pa:ss")).unwrap().expose_secret(),
+            "pa:ss"
+        );
+        for bad in [
+            "not base64!".to_string(),
+            enc("aws:s3cr3t"),
+            enc("AWS"),
+            enc("AWS:"),
+            enc("user:s3cr3t"),
+            enc(":AWS:s3cr3t"),
+        ] {
+            let err = decode_token(&bad).unwrap_err();
+            assert!(!err.contains("s3cr3t"), "{err}");
+        }
+    }
+}
