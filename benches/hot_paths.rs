@@ -19,12 +19,12 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use criterion::{Criterion, criterion_group, criterion_main};
 use regbroker::broker::Broker;
-use regbroker::cache::{Cache, Key};
+use regbroker::broker::cache::{Cache, Key};
 use regbroker::metrics::Metrics;
-use regbroker::providers::Providers;
-use regbroker::routing::Pattern;
+use regbroker::broker::providers::Providers;
+use regbroker::broker::routing::Pattern;
 use regbroker::server::{self, AppState};
-use regbroker::static_secret;
+use regbroker::broker::static_secret;
 use regbroker_provider::{Credential, ManualClock, Provider, Registry, SharedClock};
 use tower::ServiceExt;
 
@@ -65,7 +65,7 @@ fn glob_matching(c: &mut Criterion) {
 fn cache_hit(c: &mut Criterion) {
     let rt = runtime();
     let clock: SharedClock = Arc::new(ManualClock::fixed());
-    let cache = Cache::new(regbroker::cache::Config::default(), clock.clone());
+    let cache = Cache::new(regbroker::broker::cache::Config::default(), clock.clone());
     let key = Key {
         provider: "fake",
         scope: "identity/us-east-1".into(),
@@ -82,7 +82,7 @@ fn cache_hit(c: &mut Criterion) {
     let (_, outcome) = rt
         .block_on(cache.get_or_fetch(&key, fresh.clone()))
         .unwrap();
-    assert_eq!(outcome, regbroker::cache::Outcome::Hit);
+    assert_eq!(outcome, regbroker::broker::cache::Outcome::Hit);
     c.bench_function("cache_hit", |b| {
         b.to_async(&rt)
             .iter(|| cache.get_or_fetch(black_box(&key), fresh.clone()))
@@ -93,7 +93,7 @@ fn router_with(docker_config: &std::path::Path) -> (axum::Router, Arc<common::Fa
     let clock: SharedClock = Arc::new(ManualClock::fixed());
     let fake = common::FakeProvider::new(clock.clone());
     let providers = Providers::new(vec![fake.clone() as Arc<dyn Provider>]);
-    let config = regbroker::config::parse("", &providers).unwrap();
+    let config = regbroker::broker::config::parse("", &providers).unwrap();
     let metrics = Arc::new(Metrics::new());
     let statics = Arc::new(
         static_secret::Store::open(vec![docker_config.to_path_buf()], metrics.clone()).unwrap(),

@@ -5,30 +5,34 @@
 //! `kubernetes.io/dockerconfigjson` secrets override contextual login for a host, and
 //! serves the result over a local HTTP endpoint.
 //!
-//! The pieces, from the outside in: [`cli`] parses flags and runs a mode; [`server`] is
-//! the axum endpoint; [`broker`] decides which source serves a registry (static entry >
-//! routing rule > provider auto-detection); [`cache`] holds fetched credentials with an
-//! expiry policy and single-flight fetches; [`static_secret`] loads and watches docker
-//! configs; [`routing`] and [`config`] read the rules; providers live in their own crates
-//! behind the narrow interface of [`regbroker_provider`].
+//! The crate is arranged by layer, from the inside out:
+//!
+//! - [`broker`], the core: which source serves a registry (static entry > routing rule >
+//!   provider auto-detection), the [`broker::cache`] and its expiry policy, the
+//!   [`broker::routing`] patterns, [`broker::static_secret`] docker configs, the
+//!   [`broker::config`] file and the compiled-in [`broker::providers`];
+//! - the ways in: [`server`], the HTTP endpoint (router, listeners, access control,
+//!   limits), and [`oneshot`], the docker credential helper and the kubelet credential
+//!   provider with the backend they share (a sidecar, or the broker in-process with a disk
+//!   cache);
+//! - the ways out: [`sinks`], the docker config file and the Kubernetes Secret sync, with
+//!   [`kubernetes`] holding the API client set-up;
+//! - [`cli`], the command line: flags and env, logging, one file per mode, exit codes;
+//! - [`metrics`], counted by the core and the endpoint alike, so it sits beside both.
+//!
+//! Providers live in their own crates behind the narrow interface of
+//! [`regbroker_provider`]. Dependencies point inwards: nothing in the core imports a way
+//! in or out, and nothing below [`cli`] imports from it.
 
 #![forbid(unsafe_code)]
 
-pub mod backend;
 pub mod broker;
-pub mod cache;
 pub mod cli;
-pub mod config;
-pub mod disk_cache;
-pub mod helper;
-pub mod kubelet;
+pub mod kubernetes;
 pub mod metrics;
-pub mod providers;
-pub mod routing;
-pub mod secret_sync;
+pub mod oneshot;
 pub mod server;
-pub mod sink;
-pub mod static_secret;
+pub mod sinks;
 
 pub use regbroker_provider as provider;
 

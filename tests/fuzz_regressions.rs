@@ -15,7 +15,7 @@ mod checks;
 
 use std::path::{Path, PathBuf};
 
-use regbroker::providers::Providers;
+use regbroker::broker::providers::Providers;
 use regbroker_provider::Registry;
 
 fn inputs(target: &str) -> Vec<PathBuf> {

@@ -15,15 +15,15 @@ use std::sync::Arc;
 
 use regbroker::broker::{Broker, BrokerError, Reason, Route};
 use regbroker::metrics::Metrics;
-use regbroker::providers::Providers;
-use regbroker::static_secret;
+use regbroker::broker::providers::Providers;
+use regbroker::broker::static_secret;
 use regbroker_provider::{ExposeSecret, Registry, system_clock};
 
 /// Builds a broker with the real providers, `rules` (TOML) and a docker config.
 fn broker(rules: &str, docker_config: Option<&str>) -> (Broker, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let providers = Providers::builtin();
-    let config = regbroker::config::parse(rules, &providers).expect("test config");
+    let config = regbroker::broker::config::parse(rules, &providers).expect("test config");
     let metrics = Arc::new(Metrics::new());
     let statics = match docker_config {
         None => static_secret::Store::empty(metrics.clone()),

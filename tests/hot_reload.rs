@@ -49,7 +49,7 @@ async fn data_symlink_swap_reloads_and_a_broken_version_keeps_the_last_good() {
     );
 
     let srv = TestServer::builder().docker_config(&secret).start().await;
-    let _watcher = regbroker::static_secret::watch(srv.statics.clone()).unwrap();
+    let _watcher = regbroker::broker::static_secret::watch(srv.statics.clone()).unwrap();
     assert_eq!(
         srv.credentials("r.example.com").await.1["password"],
         "password-v1"
@@ -101,7 +101,7 @@ async fn plain_file_rewritten_in_place_or_replaced_is_reloaded() {
     let file = dir.path().join("config.json");
     std::fs::write(&file, docker_config(&[("r.example.com", "u", "one")])).unwrap();
     let srv = TestServer::builder().docker_config(&file).start().await;
-    let _watcher = regbroker::static_secret::watch(srv.statics.clone()).unwrap();
+    let _watcher = regbroker::broker::static_secret::watch(srv.statics.clone()).unwrap();
 
     std::fs::write(&file, docker_config(&[("r.example.com", "u", "two")])).unwrap();
     assert!(wait_for(async || srv.credentials("r.example.com").await.1["password"] == "two").await);

@@ -62,7 +62,7 @@ async fn no_secret_reaches_logs_errors_metrics_or_debug_at_trace() {
         .config("[[rule]]\nmatch = \"fail.example.com\"\nsource = \"fake\"\noptions = { scope = \"other\" }\n")
         .start()
         .await;
-    let _watcher = regbroker::static_secret::watch(srv.statics.clone()).unwrap();
+    let _watcher = regbroker::broker::static_secret::watch(srv.statics.clone()).unwrap();
 
     let mut outputs = Vec::new();
     // Static, identity token, provider miss then hit, provider failure, bad input.
@@ -109,7 +109,7 @@ async fn no_secret_reaches_logs_errors_metrics_or_debug_at_trace() {
         format!(r#"{{"auths": {{"r.example.com": {{"auth": "{auth}"}}}}}}"#),
     )
     .unwrap();
-    let settings = regbroker::backend::Settings {
+    let settings = regbroker::oneshot::backend::Settings {
         docker_config: vec![good.clone()],
         cache_dir: Some(dir.path().join("cache")),
         ..Default::default()
@@ -117,15 +117,15 @@ async fn no_secret_reaches_logs_errors_metrics_or_debug_at_trace() {
     let s2 = settings.clone();
     let (helper_out, kubelet_err) = tokio::task::spawn_blocking(move || {
         let mut out = Vec::new();
-        let code = regbroker::helper::run("get", || Ok(s2.clone()), &mut &b"r.example.com\n"[..], &mut out);
+        let code = regbroker::oneshot::helper::run("get", || Ok(s2.clone()), &mut &b"r.example.com\n"[..], &mut out);
         assert_eq!(code, 0);
-        let code = regbroker::helper::run("list", || Ok(s2.clone()), &mut &b""[..], &mut out);
+        let code = regbroker::oneshot::helper::run("list", || Ok(s2.clone()), &mut &b""[..], &mut out);
         assert_eq!(code, 0);
-        let code = regbroker::helper::run("get", || Ok(s2.clone()), &mut &b"user:pw@x\n"[..], &mut out);
+        let code = regbroker::oneshot::helper::run("get", || Ok(s2.clone()), &mut &b"user:pw@x\n"[..], &mut out);
         assert_eq!(code, 1);
         let (mut kout, mut kerr) = (Vec::new(), Vec::new());
         let req = br#"{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"CredentialProviderRequest","image":"r.example.com/x:1"}"#;
-        let code = regbroker::kubelet::run(|| Ok(s2.clone()), &mut &req[..], &mut kout, &mut kerr);
+        let code = regbroker::oneshot::kubelet::run(|| Ok(s2.clone()), &mut &req[..], &mut kout, &mut kerr);
         assert_eq!(code, 0);
         // Only the protocol answers themselves may carry the secret; stderr never.
         (String::from_utf8(out).unwrap(), String::from_utf8(kerr).unwrap())
@@ -138,9 +138,9 @@ async fn no_secret_reaches_logs_errors_metrics_or_debug_at_trace() {
     );
     outputs.push(kubelet_err);
     let sink_path = dir.path().join("sink.json");
-    let sink = regbroker::sink::Sink::start(
+    let sink = regbroker::sinks::docker_config::Sink::start(
         srv.broker.clone(),
-        regbroker::sink::Config {
+        regbroker::sinks::docker_config::Config {
             path: sink_path,
             extra: vec!["a.fake.test".parse().unwrap()],
         },

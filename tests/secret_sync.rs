@@ -22,7 +22,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use base64::Engine as _;
 use common::{Answer, ServeProcess, TestServer, docker_config};
-use regbroker::secret_sync::{Config, Outcome, SecretRef, SecretSync};
+use regbroker::sinks::secret_sync::{Config, Outcome, SecretRef, SecretSync};
 use regbroker_provider::{Error, Registry};
 use serde_json::{Value, json};
 

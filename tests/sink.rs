@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use common::{Answer, TestServer, docker_config};
-use regbroker::sink::{Config, Sink};
+use regbroker::sinks::docker_config::{Config, Sink};
 use regbroker_provider::Registry;
 
 fn auth_of(path: &std::path::Path, registry: &str) -> Option<String> {

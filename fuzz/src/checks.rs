@@ -18,8 +18,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use regbroker::backend::Settings;
-use regbroker::routing::Pattern;
+use regbroker::oneshot::backend::Settings;
+use regbroker::broker::routing::Pattern;
 use regbroker_provider::{
     BoxFuture, Credential, Error, Options, Provider, Registry, Target, system_clock,
 };
@@ -233,7 +233,7 @@ fn shown_keys(key: &str) -> Vec<String> {
 /// `static_secret::parse_document` on any bytes. An error message is made only of fixed
 /// text and a registry key: no value from the document (a password, a token) ever shows.
 pub fn dockerconfig(data: &[u8]) {
-    match regbroker::static_secret::parse_document(data) {
+    match regbroker::broker::static_secret::parse_document(data) {
         Ok(entries) => {
             for (registry, _) in entries {
                 assert_eq!(Registry::parse(registry.as_str()).as_ref(), Ok(&registry));
@@ -285,7 +285,7 @@ pub fn helper_stdin(data: &[u8]) {
     };
     let run = |stdin: &[u8]| {
         let mut out = Vec::new();
-        let code = regbroker::helper::run(
+        let code = regbroker::oneshot::helper::run(
             action,
             || Ok(Settings::default()),
             &mut &stdin[..],
@@ -321,7 +321,7 @@ pub fn helper_stdin(data: &[u8]) {
 
 fn kubelet_once(data: &[u8]) -> (u8, Vec<u8>, Vec<u8>) {
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = regbroker::kubelet::run(
+    let code = regbroker::oneshot::kubelet::run(
         || Ok(Settings::default()),
         &mut &data[..],
         &mut out,
@@ -419,14 +419,14 @@ fn http() -> &'static Http {
             format!(r#"{{"auths":{{"{STATIC_HOST}":{{"username":"u","password":"fuzz-pw"}}}}}}"#),
         )
         .expect("a temporary docker config");
-        let statics = regbroker::static_secret::Store::open(vec![path.clone()], metrics.clone())
+        let statics = regbroker::broker::static_secret::Store::open(vec![path.clone()], metrics.clone())
             .expect("the docker config loads");
         let _ = std::fs::remove_file(&path);
         let broker = regbroker::broker::Broker::new(
             Arc::new(statics),
-            regbroker::routing::Router::default(),
-            regbroker::providers::Providers::new(vec![nobody.clone() as Arc<dyn Provider>]),
-            regbroker::cache::Config::default(),
+            regbroker::broker::routing::Router::default(),
+            regbroker::broker::providers::Providers::new(vec![nobody.clone() as Arc<dyn Provider>]),
+            regbroker::broker::cache::Config::default(),
             metrics.clone(),
             system_clock(),
         );

@@ -28,9 +28,9 @@ use std::path::{Path, PathBuf};
 use regbroker_provider::Options;
 use serde::Deserialize;
 
-use crate::cache;
-use crate::providers::Providers;
-use crate::routing::{Pattern, Router, Rule, Source};
+use crate::broker::cache;
+use crate::broker::providers::Providers;
+use crate::broker::routing::{Pattern, Router, Rule, Source};
 
 /// A configuration error: always names the file and, where known, the line or key.
 #[derive(Debug, thiserror::Error)]
@@ -109,7 +109,7 @@ pub fn parse(text: &str, providers: &Providers) -> Result<Config, String> {
             "none" => Source::None,
             name => {
                 let provider = providers.get(name).ok_or_else(|| {
-                    at(if crate::providers::KNOWN.contains(&name) {
+                    at(if crate::broker::providers::KNOWN.contains(&name) {
                         format!("source `{name}` is not available: this build lacks the `{name}` feature")
                     } else {
                         format!("unknown source `{name}` (expected aws, azure, gcp, static or none)")
@@ -142,7 +142,7 @@ pub fn parse(text: &str, providers: &Providers) -> Result<Config, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::Providers;
+    use crate::broker::providers::Providers;
 
     fn parse_err(text: &str) -> String {
         parse(text, &Providers::builtin()).unwrap_err()
@@ -222,7 +222,7 @@ source = "none"
     }
 
     // Any cloud compiled in will do.
-    const CLOUD: &str = crate::providers::KNOWN[0];
+    const CLOUD: &str = crate::broker::providers::KNOWN[0];
 
     #[cfg(any(feature = "aws", feature = "azure", feature = "gcp"))]
     #[test]

@@ -7,18 +7,30 @@
 //! 3. auto-detection: the first provider that recognises the host by its own strict
 //!    patterns;
 //! 4. otherwise the registry is not configured (the client should go anonymous).
+//!
+//! The core's parts, each in its own module: [`routing`] (patterns and ordered rules),
+//! [`static_secret`] (docker configs: parsing, snapshots, directory watch), [`cache`]
+//! (the expiry policy as one pure function, single-flight fetches), [`config`] (the TOML
+//! file as validated plain data) and [`providers`] (the clouds compiled in). [`build`]
+//! assembles a broker from the config file and docker configs, for every mode.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use futures_util::FutureExt;
 use regbroker_provider::{Credential, Error, ErrorKind, Provider, Registry, SharedClock, Target};
 
-use crate::cache::{self, Cache};
+pub mod cache;
+pub mod config;
+pub mod providers;
+pub mod routing;
+pub mod static_secret;
+
+use self::cache::Cache;
+use self::providers::Providers;
+use self::routing::{Router, Source};
 use crate::metrics::Metrics;
-use crate::providers::Providers;
-use crate::routing::{Router, Source};
-use crate::static_secret;
 
 /// Why a source was chosen.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -275,4 +287,43 @@ impl Broker {
     pub fn now(&self) -> SystemTime {
         self.clock.now()
     }
+}
+
+/// The in-process broker and the pieces the sidecar also needs.
+#[derive(Debug)]
+pub struct Built {
+    /// The broker.
+    pub broker: Arc<Broker>,
+    /// Its static credentials.
+    pub statics: Arc<static_secret::Store>,
+    /// Its metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Builds the in-process broker shared by every mode. Errors are configuration errors,
+/// naming the file.
+pub fn build(config: Option<&PathBuf>, docker_config: &[PathBuf]) -> Result<Built, String> {
+    let providers = Providers::builtin();
+    let config = match config {
+        Some(path) => config::load(path, &providers).map_err(|e| e.to_string())?,
+        None => config::Config::default(),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let statics = Arc::new(
+        static_secret::Store::open(docker_config.to_vec(), metrics.clone())
+            .map_err(|e| e.to_string())?,
+    );
+    let broker = Broker::new(
+        statics.clone(),
+        config.router,
+        providers,
+        config.cache,
+        metrics.clone(),
+        regbroker_provider::system_clock(),
+    );
+    Ok(Built {
+        broker: Arc::new(broker),
+        statics,
+        metrics,
+    })
 }

@@ -6,20 +6,16 @@
 //!   `regbroker serve`. When set, the sidecar is asked.
 //! - otherwise an in-process broker built from `REGBROKER_CONFIG`,
 //!   `REGBROKER_DOCKER_CONFIG` (comma-separated) and the clouds' own variables, with the
-//!   optional disk cache `REGBROKER_CACHE_DIR` (see [`crate::disk_cache`]).
+//!   optional disk cache `REGBROKER_CACHE_DIR` (see [`super::disk_cache`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http_body_util::BodyExt;
-use regbroker_provider::{Credential, ExposeSecret, Registry, SecretString, system_clock};
+use regbroker_provider::{Credential, ExposeSecret, Registry, SecretString};
 
 use crate::broker::{Broker, BrokerError};
-use crate::config::Config;
-use crate::metrics::Metrics;
-use crate::providers::Providers;
-use crate::static_secret;
 
 /// Env var naming a running sidecar.
 pub const ENDPOINT_ENV: &str = "REGBROKER_ENDPOINT";
@@ -112,49 +108,10 @@ impl Settings {
                         .collect()
                 })
                 .unwrap_or_default(),
-            cache_dir: nonempty(crate::disk_cache::ENV).map(PathBuf::from),
+            cache_dir: nonempty(crate::oneshot::disk_cache::ENV).map(PathBuf::from),
             auth_token_file: nonempty("REGBROKER_AUTH_TOKEN_FILE").map(PathBuf::from),
         })
     }
-}
-
-/// The in-process broker and the pieces the sidecar also needs.
-#[derive(Debug)]
-pub struct Built {
-    /// The broker.
-    pub broker: Arc<Broker>,
-    /// Its static credentials.
-    pub statics: Arc<static_secret::Store>,
-    /// Its metrics.
-    pub metrics: Arc<Metrics>,
-}
-
-/// Builds the in-process broker shared by every mode. Errors are configuration errors,
-/// naming the file.
-pub fn build_broker(config: Option<&PathBuf>, docker_config: &[PathBuf]) -> Result<Built, String> {
-    let providers = Providers::builtin();
-    let config = match config {
-        Some(path) => crate::config::load(path, &providers).map_err(|e| e.to_string())?,
-        None => Config::default(),
-    };
-    let metrics = Arc::new(Metrics::new());
-    let statics = Arc::new(
-        static_secret::Store::open(docker_config.to_vec(), metrics.clone())
-            .map_err(|e| e.to_string())?,
-    );
-    let broker = Broker::new(
-        statics.clone(),
-        config.router,
-        providers,
-        config.cache,
-        metrics.clone(),
-        system_clock(),
-    );
-    Ok(Built {
-        broker: Arc::new(broker),
-        statics,
-        metrics,
-    })
 }
 
 impl Backend {
@@ -162,17 +119,23 @@ impl Backend {
     pub fn new(settings: &Settings) -> Result<Backend, String> {
         if let Some(e) = &settings.endpoint {
             let token = match &settings.auth_token_file {
-                Some(p) => Some(crate::cli::read_token_file(p)?),
+                Some(p) => Some(crate::server::access::read_token_file(p)?),
                 None => None,
             };
             return Ok(Backend::Sidecar(e.clone(), token));
         }
-        let broker = build_broker(settings.config.as_ref(), &settings.docker_config)?.broker;
+        let broker =
+            crate::broker::build(settings.config.as_ref(), &settings.docker_config)?.broker;
         let broker = match &settings.cache_dir {
             None => broker,
             Some(dir) => {
-                let disk = crate::disk_cache::DiskCache::open(dir)
-                    .map_err(|e| format!("{}: {}: {e}", crate::disk_cache::ENV, dir.display()))?;
+                let disk = crate::oneshot::disk_cache::DiskCache::open(dir).map_err(|e| {
+                    format!(
+                        "{}: {}: {e}",
+                        crate::oneshot::disk_cache::ENV,
+                        dir.display()
+                    )
+                })?;
                 Arc::new(
                     Arc::into_inner(broker)
                         .ok_or("broker is shared")?
@@ -216,10 +179,10 @@ impl Backend {
     }
 
     /// Cache settings (the sidecar's are not known here: defaults).
-    pub fn cache_config(&self) -> crate::cache::Config {
+    pub fn cache_config(&self) -> crate::broker::cache::Config {
         match self {
             Backend::InProcess(b) => b.cache().config().clone(),
-            Backend::Sidecar(..) => crate::cache::Config::default(),
+            Backend::Sidecar(..) => crate::broker::cache::Config::default(),
         }
     }
 }

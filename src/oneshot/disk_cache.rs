@@ -17,7 +17,7 @@ use regbroker_provider::{Credential, ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::cache::{Entry, Key, Lifetime, Persist};
+use crate::broker::cache::{Entry, Key, Lifetime, Persist};
 
 /// The env var that turns the disk cache on.
 pub const ENV: &str = "REGBROKER_CACHE_DIR";

@@ -12,13 +12,14 @@
 //! - `version`: one line.
 //!
 //! Errors go to stdout with exit code 1, as the protocol wants. Settings come from the
-//! environment ([`crate::backend`]).
+//! environment ([`super::backend`]).
 
 use std::io::{Read, Write};
 
 use regbroker_provider::{ExposeSecret, Registry};
 
-use crate::backend::{Backend, Lookup, Settings};
+use super::backend::{Backend, Lookup, Settings};
+use super::stdin::{block_on, read_limited};
 
 /// The protocol's "no credentials" message, to the byte.
 pub const NOT_FOUND: &str = "credentials not found in native keychain";
@@ -61,19 +62,6 @@ pub fn run(
             1
         }
     }
-}
-
-/// Reads all of stdin, at most `max` bytes; `what` names the input in errors.
-pub(crate) fn read_limited(stdin: &mut dyn Read, max: u64, what: &str) -> Result<Vec<u8>, String> {
-    let mut buf = Vec::new();
-    stdin
-        .take(max + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| format!("cannot read the {what} from stdin: {e}"))?;
-    if buf.len() as u64 > max {
-        return Err(format!("{what} on stdin is larger than {max} bytes"));
-    }
-    Ok(buf)
 }
 
 fn read_server_url(stdin: &mut dyn Read) -> Result<String, String> {
@@ -129,7 +117,7 @@ fn list(
 ) -> Result<(), String> {
     let settings = settings()?;
     let snapshot =
-        crate::static_secret::load(&settings.docker_config).map_err(|e| e.to_string())?;
+        crate::broker::static_secret::load(&settings.docker_config).map_err(|e| e.to_string())?;
     let map: serde_json::Map<String, serde_json::Value> = snapshot
         .registries()
         .into_iter()
@@ -140,16 +128,6 @@ fn list(
         })
         .collect();
     writeln!(stdout, "{}", serde_json::Value::Object(map)).map_err(|e| e.to_string())
-}
-
-/// Runs a future on a small runtime of its own: the one-shot modes are synchronous
-/// processes.
-pub(crate) fn block_on<F: std::future::Future>(f: F) -> Result<F::Output, String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    Ok(rt.block_on(f))
 }
 
 #[cfg(test)]

@@ -14,8 +14,9 @@ use std::time::Duration;
 use regbroker_provider::{ExposeSecret, Registry};
 use serde::Deserialize;
 
-use crate::backend::{Backend, Lookup, Settings};
-use crate::cache;
+use super::backend::{Backend, Lookup, Settings};
+use super::stdin::{block_on, read_limited};
+use crate::broker::cache;
 
 /// The API version spoken.
 pub const API_VERSION: &str = "credentialprovider.kubelet.k8s.io/v1";
@@ -71,7 +72,7 @@ fn respond(
     stdin: &mut dyn Read,
 ) -> Result<serde_json::Value, String> {
     // The request may carry the pod's service account token (KEP-4412): wipe it after use.
-    let buf = zeroize::Zeroizing::new(crate::helper::read_limited(stdin, MAX_INPUT, "request")?);
+    let buf = zeroize::Zeroizing::new(read_limited(stdin, MAX_INPUT, "request")?);
     let req: Request = serde_json::from_slice(&buf).map_err(|e| {
         format!(
             "request is not a CredentialProviderRequest (invalid JSON at line {} column {})",
@@ -109,7 +110,7 @@ fn respond(
         "kind": "CredentialProviderResponse",
         "cacheKeyType": "Registry",
     });
-    match crate::helper::block_on(backend.lookup(&registry))?? {
+    match block_on(backend.lookup(&registry))?? {
         Lookup::NotFound => {
             // Nothing to offer: let the kubelet try other providers or go anonymous, and
             // ask again after a short while in case configuration changes.

@@ -6,9 +6,11 @@
 //!   upstream failures. Errors are `{"error": {"code", "message"}}` and never hold a secret.
 //! - `GET /healthz` (alive), `GET /readyz` (configuration and static secrets loaded),
 //!   `GET /metrics` (Prometheus text).
+//!
+//! This module holds the router, the handlers and the error-to-status mapping;
+//! [`access`] decides who may ask, [`limits`] how much at once, and [`listen`] binds TCP
+//! or unix sockets and serves them.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -23,8 +25,17 @@ use serde_json::json;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
+pub mod access;
+pub mod limits;
+pub mod listen;
+
+pub use limits::ConnLimits;
+pub use listen::{Bound, Listen};
+
 use crate::broker::{Broker, BrokerError};
 use crate::metrics::Metrics;
+use access::require_token;
+use limits::{Guard, limit};
 
 /// Most bytes of query string accepted.
 const MAX_QUERY_LEN: usize = 2048;
@@ -88,65 +99,6 @@ pub fn app_with(state: AppState, options: Options) -> Router {
             count_requests,
         ))
         .with_state(state)
-}
-
-#[derive(Debug)]
-struct Guard {
-    in_flight: Semaphore,
-    timeout: Duration,
-}
-
-async fn limit(State(guard): State<Arc<Guard>>, req: Request, next: Next) -> Response {
-    let Ok(_permit) = guard.in_flight.try_acquire() else {
-        return AppError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "overloaded",
-            message: "too many requests in flight; retry shortly".into(),
-        }
-        .into_response();
-    };
-    match tokio::time::timeout(guard.timeout, next.run(req)).await {
-        Ok(res) => res,
-        Err(_) => AppError {
-            status: StatusCode::GATEWAY_TIMEOUT,
-            code: "request_timeout",
-            message: format!(
-                "request took longer than {}",
-                humantime::format_duration(guard.timeout)
-            ),
-        }
-        .into_response(),
-    }
-}
-
-/// Constant-time check of `Authorization: Bearer <token>` (the length is not hidden).
-async fn require_token(
-    State(token): State<Option<Arc<SecretString>>>,
-    req: Request,
-    next: Next,
-) -> Response {
-    use subtle::ConstantTimeEq as _;
-    let Some(token) = token else {
-        return next.run(req).await;
-    };
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-    let ok = presented.is_some_and(|p| bool::from(p.ct_eq(token.expose_secret().as_bytes())));
-    if ok {
-        return next.run(req).await;
-    }
-    let mut res = AppError {
-        status: StatusCode::UNAUTHORIZED,
-        code: "unauthorized",
-        message: "this endpoint needs `Authorization: Bearer <token>` with the configured token"
-            .into(),
-    }
-    .into_response();
-    res.headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    res
 }
 
 /// The probe router: `/healthz`, `/readyz` and `/metrics` only, never credentials. It
@@ -325,185 +277,4 @@ async fn not_found() -> AppError {
         code: "not_found",
         message: "no such endpoint; try GET /v1/credentials?registry=HOST".into(),
     }
-}
-
-/// Where to listen.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Listen {
-    /// A TCP address (loopback by default).
-    Tcp(SocketAddr),
-    /// A unix socket path.
-    Unix(PathBuf),
-}
-
-impl std::str::FromStr for Listen {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Listen, String> {
-        if let Some(path) = s.strip_prefix("unix:") {
-            if path.is_empty() {
-                return Err("unix: needs a socket path, e.g. unix:/run/regbroker/sock".into());
-            }
-            return Ok(Listen::Unix(PathBuf::from(path)));
-        }
-        s.parse::<SocketAddr>().map(Listen::Tcp).map_err(|_| {
-            format!("`{s}` is neither HOST:PORT (an IP address and port) nor unix:PATH")
-        })
-    }
-}
-
-impl std::fmt::Display for Listen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Listen::Tcp(a) => write!(f, "{a}"),
-            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
-        }
-    }
-}
-
-/// A bound listener.
-#[derive(Debug)]
-pub enum Bound {
-    /// TCP.
-    Tcp(tokio::net::TcpListener),
-    /// Unix socket.
-    Unix(tokio::net::UnixListener, PathBuf),
-}
-
-impl Bound {
-    /// Binds `listen`. A unix socket gets mode 0600; a stale socket file is replaced.
-    pub async fn bind(listen: &Listen) -> std::io::Result<Bound> {
-        Bound::bind_with(listen, None).await
-    }
-
-    /// As [`Bound::bind`]; with `socket_group`, a unix socket is given to that group with
-    /// mode 0660 so members of the group may connect.
-    pub async fn bind_with(listen: &Listen, socket_group: Option<u32>) -> std::io::Result<Bound> {
-        match listen {
-            Listen::Tcp(addr) => Ok(Bound::Tcp(tokio::net::TcpListener::bind(addr).await?)),
-            Listen::Unix(path) => {
-                use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-                if let Ok(meta) = std::fs::symlink_metadata(path) {
-                    if meta.file_type().is_socket() {
-                        std::fs::remove_file(path)?;
-                    } else {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::AlreadyExists,
-                            format!("{} exists and is not a socket", path.display()),
-                        ));
-                    }
-                }
-                let listener = tokio::net::UnixListener::bind(path)?;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-                if let Some(gid) = socket_group {
-                    std::os::unix::fs::chown(path, None, Some(gid))?;
-                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
-                }
-                Ok(Bound::Unix(listener, path.clone()))
-            }
-        }
-    }
-
-    /// What was bound, with the real port for `:0`.
-    pub fn local(&self) -> String {
-        match self {
-            Bound::Tcp(l) => l
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_else(|_| "?".into()),
-            Bound::Unix(_, p) => format!("unix:{}", p.display()),
-        }
-    }
-
-    /// Serves `app` until `shutdown` completes, then finishes in-flight requests.
-    pub async fn serve(
-        self,
-        app: Router,
-        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> std::io::Result<()> {
-        self.serve_with(app, shutdown, ConnLimits::default()).await
-    }
-
-    /// As [`Bound::serve`], with connection limits.
-    pub async fn serve_with(
-        self,
-        app: Router,
-        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-        limits: ConnLimits,
-    ) -> std::io::Result<()> {
-        match self {
-            Bound::Tcp(l) => accept_loop(l, app, shutdown, limits).await,
-            Bound::Unix(l, path) => {
-                let r = accept_loop(l, app, shutdown, limits).await;
-                let _ = std::fs::remove_file(path);
-                r
-            }
-        }
-    }
-}
-
-/// Per-connection limits, enforced by hyper.
-#[derive(Clone, Copy, Debug)]
-pub struct ConnLimits {
-    /// Most open connections; further clients wait in the kernel's accept queue.
-    pub max_connections: usize,
-    /// Longest time a client may take to send its request headers.
-    pub header_read_timeout: Duration,
-    /// Largest request head (request line and headers) read; more is answered 431.
-    pub max_header_bytes: usize,
-}
-
-impl Default for ConnLimits {
-    fn default() -> Self {
-        ConnLimits {
-            max_connections: 16_384,
-            header_read_timeout: Duration::from_secs(10),
-            max_header_bytes: 16 * 1024,
-        }
-    }
-}
-
-async fn accept_loop<L>(
-    listener: L,
-    app: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-    limits: ConnLimits,
-) -> std::io::Result<()>
-where
-    L: axum::serve::Listener,
-    L::Io: Send + 'static,
-{
-    let mut listener = listener;
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let connections = Arc::new(Semaphore::new(limits.max_connections));
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes.max(8192));
-    let service = hyper_util::service::TowerToHyperService::new(app);
-    tokio::pin!(shutdown);
-    loop {
-        let permit = tokio::select! {
-            p = connections.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-            _ = &mut shutdown => break,
-        };
-        let (io, _peer) = tokio::select! {
-            conn = listener.accept() => conn,
-            _ = &mut shutdown => break,
-        };
-        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service.clone());
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "Connection ended with an error");
-            }
-            drop(permit);
-        });
-    }
-    drop(listener);
-    graceful.shutdown().await;
-    Ok(())
 }

@@ -12,15 +12,13 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use base64::Engine as _;
-use regbroker_provider::{ExposeSecret, Registry};
+use regbroker_provider::Registry;
 use zeroize::Zeroizing;
 
-use crate::broker::{Broker, BrokerError};
-use crate::cache;
-use crate::routing::Source;
+use super::{Held, MIN_SLEEP, pass, render, wait_for_next_pass};
+use crate::broker::Broker;
 
 /// Sink settings.
 #[derive(Clone, Debug)]
@@ -29,115 +27,6 @@ pub struct Config {
     pub path: PathBuf,
     /// Registries to include besides static entries and exact provider rules.
     pub extra: Vec<Registry>,
-}
-
-/// Shortest and longest sleep between passes (shared with the Kubernetes Secret sync).
-pub(crate) const MIN_SLEEP: Duration = Duration::from_secs(5);
-pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(60);
-
-/// One registry's current `auth` value and when it goes stale.
-pub(crate) struct Held {
-    auth: Zeroizing<String>,
-    stale_at: Option<SystemTime>,
-}
-
-/// The registries the sink writes.
-pub fn registries(broker: &Broker, extra: &[Registry]) -> Vec<Registry> {
-    let mut out: Vec<Registry> = broker
-        .statics()
-        .snapshot()
-        .registries()
-        .into_iter()
-        .cloned()
-        .collect();
-    for rule in broker.router().rules() {
-        let exact_provider_rule =
-            !rule.pattern.is_glob() && matches!(rule.source, Source::Provider { .. });
-        if let Some(r) = exact_provider_rule
-            .then(|| Registry::parse(rule.pattern.as_str()).ok())
-            .flatten()
-        {
-            out.push(r);
-        }
-    }
-    out.extend(extra.iter().cloned());
-    out.sort();
-    out.dedup();
-    out
-}
-
-/// Runs one pass: fetch every registry (`registries(broker, extra)`) into `held`.
-/// Returns when the next pass is due. Shared by the file sink and the Secret sync.
-pub(crate) async fn pass(
-    broker: &Broker,
-    extra: &[Registry],
-    held: &mut BTreeMap<Registry, Held>,
-) -> Duration {
-    let now = broker.now();
-    let wanted = registries(broker, extra);
-    held.retain(|r, _| wanted.contains(r));
-    let mut next = MAX_SLEEP;
-    for registry in &wanted {
-        match broker.credential(registry).await {
-            Ok(served) => {
-                let c = &served.credential;
-                let pair =
-                    Zeroizing::new(format!("{}:{}", c.username(), c.secret().expose_secret()));
-                let auth = Zeroizing::new(
-                    base64::engine::general_purpose::STANDARD.encode(pair.as_bytes()),
-                );
-                let stale_at = c
-                    .expires_at()
-                    .map(|e| cache::plan(broker.cache().config(), now, Some(e)).stale_at);
-                if let Some(e) = c.expires_at() {
-                    let refresh_at = cache::plan(broker.cache().config(), now, Some(e)).refresh_at;
-                    next = next.min(refresh_at.duration_since(now).unwrap_or(Duration::ZERO));
-                }
-                held.insert(registry.clone(), Held { auth, stale_at });
-            }
-            Err(e) => {
-                if let BrokerError::Provider { .. } = e {
-                    tracing::warn!(%registry, error = %e, "Credential sink: fetch failed; keeping the previous entry while it is valid");
-                    next = next.min(MIN_SLEEP);
-                }
-                if held
-                    .get(registry)
-                    .is_some_and(|h| h.stale_at.is_some_and(|s| s <= now))
-                    || matches!(e, BrokerError::NotConfigured(_))
-                {
-                    held.remove(registry);
-                }
-            }
-        }
-    }
-    next.clamp(MIN_SLEEP, MAX_SLEEP)
-}
-
-/// The docker config document (`{"auths": {...}}`) for `held`.
-pub(crate) fn render(held: &BTreeMap<Registry, Held>) -> Zeroizing<String> {
-    let auths: serde_json::Map<String, serde_json::Value> = held
-        .iter()
-        .map(|(r, h)| {
-            (
-                r.to_string(),
-                serde_json::json!({ "auth": h.auth.as_str() }),
-            )
-        })
-        .collect();
-    Zeroizing::new(format!("{:#}\n", serde_json::json!({ "auths": auths })))
-}
-
-/// Sleeps until the next pass is due (`after`), or less if the static sources change.
-pub(crate) async fn wait_for_next_pass(broker: &Broker, after: Duration) {
-    let before = broker.statics().snapshot();
-    let deadline = tokio::time::Instant::now() + after;
-    while tokio::time::Instant::now() < deadline {
-        let left = deadline - tokio::time::Instant::now();
-        tokio::time::sleep(Duration::from_secs(1).min(left)).await;
-        if !Arc::ptr_eq(&broker.statics().snapshot(), &before) {
-            break;
-        }
-    }
 }
 
 /// Writes `contents` to `path` atomically with mode 0600.
@@ -215,7 +104,7 @@ impl Sink {
     /// Keeps the file fresh until the task is dropped.
     pub async fn run(mut self) {
         loop {
-            crate::sink::wait_for_next_pass(&self.broker, self.next).await;
+            wait_for_next_pass(&self.broker, self.next).await;
             self.refresh().await;
         }
     }

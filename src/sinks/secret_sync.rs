@@ -3,7 +3,7 @@
 //! read a Secret (a Flux `HelmRepository` of type `oci` or an `OCIRepository` with
 //! `secretRef`, Kubeapps, `imagePullSecrets`) work unmodified.
 //!
-//! The registries and the refresh schedule are the docker config sink's ([`crate::sink`]):
+//! The registries and the refresh schedule are the sinks' ([`super`]):
 //! every registry with a static entry or an exact provider rule, plus `--sink-registry`,
 //! rewritten before each credential's refresh point. Each pass reads every Secret and
 //! writes it only when its `.dockerconfigjson` differs, so a deleted Secret is recreated
@@ -19,8 +19,7 @@
 //! HTTP endpoint keeps serving. Update conflicts (another writer changed the
 //! `resourceVersion`) and create races are retried at once, a few times.
 //!
-//! The API client is kube-rs. In a pod it uses the service account (in-cluster config:
-//! `KUBERNETES_SERVICE_HOST`, the mounted token and CA); elsewhere the kubeconfig. Needed
+//! The API client is kube-rs, set up by [`crate::kubernetes::client_from_environment`]. Needed
 //! RBAC: `get`, `create`, `update` on `secrets` in each namespace named (see deploy/).
 
 use std::collections::BTreeMap;
@@ -36,8 +35,8 @@ use kube::api::{Api, PostParams};
 use regbroker_provider::Registry;
 use zeroize::Zeroizing;
 
+use super::{Held, MAX_SLEEP, MIN_SLEEP};
 use crate::broker::Broker;
-use crate::sink::{self, Held, MAX_SLEEP, MIN_SLEEP};
 
 /// The label regbroker sets on the Secrets it owns, and requires before updating one.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -47,10 +46,6 @@ pub const MANAGED_BY: &str = "regbroker";
 pub const SECRET_TYPE: &str = "kubernetes.io/dockerconfigjson";
 /// The data key holding the docker config.
 pub const DATA_KEY: &str = ".dockerconfigjson";
-
-/// Log caps for the API client: kube-client logs a whole response body at WARN when it
-/// cannot parse it, which for a Secret would be its data. Applied after the user's filter.
-pub const LOG_DIRECTIVES: &[&str] = &["kube_client=error", "kube=error"];
 
 /// How many times a conflicting write is retried at once within one pass.
 const CONFLICT_RETRIES: usize = 3;
@@ -318,9 +313,9 @@ impl SecretSync {
     /// Secret and write it if its data differs. The run loop calls this at each refresh
     /// point and after failures.
     pub async fn refresh(&mut self) {
-        let mut next = sink::pass(&self.broker, &self.extra, &mut self.held).await;
-        let contents: Zeroizing<String> = sink::render(&self.held);
-        let missing: Vec<Registry> = sink::registries(&self.broker, &self.extra)
+        let mut next = super::pass(&self.broker, &self.extra, &mut self.held).await;
+        let contents: Zeroizing<String> = super::render(&self.held);
+        let missing: Vec<Registry> = super::registries(&self.broker, &self.extra)
             .into_iter()
             .filter(|r| !self.held.contains_key(r))
             .collect();
@@ -374,19 +369,10 @@ impl SecretSync {
     /// Keeps the Secrets fresh until the task is dropped.
     pub async fn run(mut self) {
         loop {
-            crate::sink::wait_for_next_pass(&self.broker, self.next).await;
+            super::wait_for_next_pass(&self.broker, self.next).await;
             self.refresh().await;
         }
     }
-}
-
-/// A client for the cluster this process runs in: the service account's in-cluster
-/// config in a pod, else the kubeconfig (`KUBECONFIG`, `~/.kube/config`).
-pub async fn client_from_environment() -> Result<kube::Client, String> {
-    let config = kube::Config::infer()
-        .await
-        .map_err(|e| format!("no Kubernetes API configuration (in-cluster or kubeconfig): {e}"))?;
-    kube::Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
 }
 
 #[cfg(test)]

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use regbroker::broker::Broker;
 use regbroker::metrics::Metrics;
-use regbroker::providers::Providers;
+use regbroker::broker::providers::Providers;
 use regbroker::server::{self, AppState, Bound, Listen};
-use regbroker::static_secret;
+use regbroker::broker::static_secret;
 use regbroker_provider::{
     BoxFuture, Credential, Error, ManualClock, Options, Provider, Registry, SharedClock, Target,
 };
@@ -231,7 +231,7 @@ impl TestServerBuilder {
         let shared: SharedClock = Arc::new(clock.clone());
         let fake = FakeProvider::new(shared.clone());
         let providers = Providers::new(vec![fake.clone() as Arc<dyn Provider>]);
-        let config = regbroker::config::parse(&self.config_toml, &providers).expect("test config");
+        let config = regbroker::broker::config::parse(&self.config_toml, &providers).expect("test config");
         let metrics = Arc::new(Metrics::new());
         let statics =
             Arc::new(static_secret::Store::open(self.docker_configs, metrics.clone()).unwrap());

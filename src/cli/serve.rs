@@ -1,0 +1,235 @@
+//! `regbroker serve`: the sidecar. Binds the credential endpoint (and the optional probe
+//! endpoint), starts the static-source watcher and the sinks (docker config file, Secret
+//! sync), flips readiness once start-up work is done, and on SIGTERM or SIGINT lets
+//! in-flight requests finish for `--shutdown-grace`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::Args;
+use regbroker_provider::Registry;
+
+use super::{Failure, Sources, build_core};
+use crate::broker::static_secret;
+use crate::server::{self, Bound, Listen};
+
+#[derive(Debug, Args)]
+#[group(id = "sinks", multiple = true)]
+pub(super) struct ServeArgs {
+    /// HOST:PORT (an IP address) or unix:PATH.
+    #[arg(long, env = "REGBROKER_LISTEN", default_value = super::DEFAULT_LISTEN)]
+    listen: Listen,
+
+    /// Also serve /healthz, /readyz and /metrics (never credentials) on HOST:PORT or
+    /// unix:PATH, for kubelet probes when --listen is loopback.
+    #[arg(long, env = "REGBROKER_PROBE_LISTEN", value_name = "ADDR")]
+    probe_listen: Option<Listen>,
+
+    /// How long to let in-flight requests finish after SIGTERM or SIGINT.
+    #[arg(long, env = "REGBROKER_SHUTDOWN_GRACE", default_value = "10s", value_parser = humantime::parse_duration)]
+    shutdown_grace: Duration,
+
+    /// Require `Authorization: Bearer <token>` on /v1/credentials, with the token read
+    /// from this file (at least 16 characters; a trailing newline is ignored).
+    #[arg(long, env = "REGBROKER_AUTH_TOKEN_FILE", value_name = "PATH")]
+    auth_token_file: Option<PathBuf>,
+
+    /// Allow listening on a non-loopback address without a token. Anyone who can reach
+    /// the port gets registry credentials: only for networks you fully control.
+    #[arg(long, env = "REGBROKER_INSECURE_LISTEN")]
+    insecure_listen: bool,
+
+    /// Numeric group id that may use the unix socket (mode 0660 instead of 0600).
+    #[arg(long, env = "REGBROKER_SOCKET_GROUP", value_name = "GID")]
+    socket_group: Option<u32>,
+
+    /// Keep a docker config.json at PATH with fresh credentials for every registry with a
+    /// static entry or an exact provider rule (mode 0600, atomic writes).
+    #[arg(
+        long,
+        env = "REGBROKER_WRITE_DOCKER_CONFIG",
+        value_name = "PATH",
+        group = "sinks"
+    )]
+    write_docker_config: Option<PathBuf>,
+
+    /// Keep this kubernetes.io/dockerconfigjson Secret fresh, with the registries the docker
+    /// config file would hold; repeatable (env: comma-separated). Only Secrets labelled
+    /// app.kubernetes.io/managed-by=regbroker are updated.
+    #[arg(
+        long = "sync-secret",
+        env = "REGBROKER_SYNC_SECRET",
+        value_name = "NAMESPACE/NAME",
+        value_delimiter = ',',
+        group = "sinks"
+    )]
+    sync_secret: Vec<crate::sinks::secret_sync::SecretRef>,
+
+    /// Also write this registry to the docker config file and synced Secrets; repeatable
+    /// (env: comma-separated).
+    #[arg(long = "sink-registry", env = "REGBROKER_SINK_REGISTRY", value_name = "REGISTRY", value_delimiter = ',', requires = "sinks", value_parser = parse_registry)]
+    sink_registry: Vec<Registry>,
+
+    #[command(flatten)]
+    sources: Sources,
+}
+
+fn parse_registry(s: &str) -> Result<Registry, String> {
+    Registry::parse(s).map_err(|e| e.to_string())
+}
+
+/// Runs the sidecar until SIGTERM or SIGINT, then drains for `--shutdown-grace`.
+pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
+    let bearer_token = match &args.auth_token_file {
+        Some(p) => Some(Arc::new(
+            crate::server::access::read_token_file(p).map_err(Failure::Config)?,
+        )),
+        None => None,
+    };
+    server::access::check_exposure(&args.listen, bearer_token.is_some(), args.insecure_listen)
+        .map_err(Failure::Config)?;
+    let core = build_core(&args.sources)?;
+    let bound = Bound::bind_with(&args.listen, args.socket_group)
+        .await
+        .map_err(|e| Failure::Runtime(format!("cannot listen on {}: {e}", args.listen)))?;
+    let _watcher = if core.statics.paths().is_empty() {
+        None
+    } else {
+        Some(static_secret::watch(core.statics.clone()).map_err(|e| {
+            Failure::Runtime(format!("cannot watch static credential sources: {e}"))
+        })?)
+    };
+    let _secret_sync = if args.sync_secret.is_empty() {
+        None
+    } else {
+        let client = crate::kubernetes::client_from_environment()
+            .await
+            .map_err(Failure::Runtime)?;
+        let config = crate::sinks::secret_sync::Config {
+            secrets: args.sync_secret,
+            extra: args.sink_registry.clone(),
+        };
+        // The first pass runs in the task too: a slow API server must not delay serving.
+        let broker = core.broker.clone();
+        Some(AbortOnDrop(tokio::spawn(async move {
+            crate::sinks::secret_sync::SecretSync::start(broker, config, client)
+                .await
+                .run()
+                .await
+        })))
+    };
+    let _sink = match args.write_docker_config {
+        None => None,
+        Some(path) => {
+            let config = crate::sinks::docker_config::Config {
+                path,
+                extra: args.sink_registry,
+            };
+            let sink =
+                crate::sinks::docker_config::Sink::start(core.broker.clone(), config.clone())
+                    .await
+                    .map_err(|e| {
+                        Failure::Runtime(format!(
+                            "cannot write docker config {}: {e}",
+                            config.path.display()
+                        ))
+                    })?;
+            Some(AbortOnDrop(tokio::spawn(sink.run())))
+        }
+    };
+    let ready = Arc::new(AtomicBool::new(false));
+    let state = server::AppState {
+        broker: core.broker.clone(),
+        metrics: core.metrics.clone(),
+        ready: ready.clone(),
+    };
+    let _probe = match &args.probe_listen {
+        None => None,
+        Some(listen) => {
+            let probe = Bound::bind(listen)
+                .await
+                .map_err(|e| Failure::Runtime(format!("cannot listen on {listen}: {e}")))?;
+            tracing::info!(listen = %probe.local(), "Probe endpoint listening");
+            let probe_app = server::probe_app(state.clone());
+            Some(AbortOnDrop(tokio::spawn(async move {
+                if let Err(e) = probe.serve(probe_app, std::future::pending()).await {
+                    tracing::error!(error = %e, "Probe endpoint failed");
+                }
+            })))
+        }
+    };
+    let app = server::app_with(
+        state,
+        server::Options {
+            bearer_token,
+            ..server::Options::default()
+        },
+    );
+    tracing::info!(
+        listen = %bound.local(),
+        static_entries = core.statics.snapshot().len(),
+        version = env!("CARGO_PKG_VERSION"),
+        "Listening"
+    );
+    ready.store(true, Ordering::Release);
+
+    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown_signal().await;
+        let _ = signalled_tx.send(());
+    };
+    let server = tokio::spawn(bound.serve(app, shutdown));
+    tokio::pin!(server);
+    tokio::select! {
+        r = &mut server => return finish(r),
+        _ = signalled_rx => {}
+    }
+    tracing::info!(grace = ?args.shutdown_grace, "Shutting down; finishing in-flight requests");
+    match tokio::time::timeout(args.shutdown_grace, &mut server).await {
+        Ok(r) => finish(r),
+        Err(_) => {
+            tracing::warn!("Grace period over; dropping remaining connections");
+            Ok(())
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn finish(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<(), Failure> {
+    match r {
+        Ok(Ok(())) => {
+            tracing::info!("Stopped");
+            Ok(())
+        }
+        Ok(Err(e)) => Err(Failure::Runtime(format!("server failed: {e}"))),
+        Err(e) => Err(Failure::Runtime(format!("server task failed: {e}"))),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            tracing::warn!("Cannot install signal handlers; stop with SIGKILL");
+            std::future::pending::<()>().await;
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Who may ask: the optional bearer token (checked in constant time) and the rule that
+//! credentials are served on a non-loopback address only behind a token, or when the
+//! operator says `--insecure-listen`. The token file is read here for the server and for
+//! the one-shot modes that present it to a sidecar.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use regbroker_provider::{ExposeSecret, SecretString};
+
+use super::{AppError, Listen};
+
+/// Constant-time check of `Authorization: Bearer <token>` (the length is not hidden).
+pub(super) async fn require_token(
+    State(token): State<Option<Arc<SecretString>>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    use subtle::ConstantTimeEq as _;
+    let Some(token) = token else {
+        return next.run(req).await;
+    };
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    let ok = presented.is_some_and(|p| bool::from(p.ct_eq(token.expose_secret().as_bytes())));
+    if ok {
+        return next.run(req).await;
+    }
+    let mut res = AppError {
+        status: StatusCode::UNAUTHORIZED,
+        code: "unauthorized",
+        message: "this endpoint needs `Authorization: Bearer <token>` with the configured token"
+            .into(),
+    }
+    .into_response();
+    res.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    res
+}
+
+/// Reads a bearer token file; the error never quotes the file's contents.
+pub fn read_token_file(path: &std::path::Path) -> Result<regbroker_provider::SecretString, String> {
+    let raw = zeroize::Zeroizing::new(
+        std::fs::read_to_string(path)
+            .map_err(|e| format!("{}: cannot read the token file: {e}", path.display()))?,
+    );
+    let token = raw.trim_end_matches(['\n', '\r']);
+    if token.len() < 16 {
+        return Err(format!(
+            "{}: the token must be at least 16 characters",
+            path.display()
+        ));
+    }
+    if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{}: the token must not contain whitespace",
+            path.display()
+        ));
+    }
+    Ok(token.to_string().into())
+}
+
+/// Refuses to serve credentials on a non-loopback TCP address without a bearer token,
+/// unless `insecure` (`--insecure-listen`) says every client that can reach it may have
+/// every credential. Loopback addresses and unix sockets (guarded by their file mode)
+/// pass.
+pub fn check_exposure(listen: &Listen, has_token: bool, insecure: bool) -> Result<(), String> {
+    match listen {
+        Listen::Tcp(addr) if !addr.ip().is_loopback() && !has_token && !insecure => Err(format!(
+            "refusing to serve credentials on non-loopback address {addr} without --auth-token-file; \
+             pass --insecure-listen if every client that can reach it may have every credential"
+        )),
+        _ => Ok(()),
+    }
+}
