@@ -15,8 +15,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use aws_credential_types::Credentials;
 use aws_credential_types::provider::SharedCredentialsProvider;
 use common::fake::{self, Fake, Mode};
-use common::{Outcome, closed_url, hermetic_env, run_child};
-use regbroker_aws::{AwsProvider, CallSettings};
+use common::{Outcome, closed_url, hermetic_env, irsa_env, run_child};
+use regbroker_aws::{AwsProvider, Builder, CallSettings};
 use regbroker_provider::{Credential, Error, ErrorKind, ExposeSecret, Provider, Registry};
 
 const ECR_HOST: &str = "123456789012.dkr.ecr.eu-west-1.amazonaws.com";
@@ -38,7 +38,8 @@ fn quick_calls() -> CallSettings {
     }
 }
 
-fn provider(endpoint: &str) -> AwsProvider {
+/// Endpoint `endpoint`, explicit static credentials and [`quick_calls`].
+fn builder(endpoint: &str) -> Builder {
     AwsProvider::builder()
         .endpoint_url(endpoint)
         .credentials(SharedCredentialsProvider::new(Credentials::new(
@@ -49,12 +50,31 @@ fn provider(endpoint: &str) -> AwsProvider {
             "test",
         )))
         .calls(quick_calls())
-        .build()
+}
+
+fn provider(endpoint: &str) -> AwsProvider {
+    builder(endpoint).build()
 }
 
 async fn fetch(p: &AwsProvider, host: &str) -> Result<Credential, Error> {
     let target = p.recognise(&Registry::parse(host).unwrap()).unwrap();
     p.fetch(&target).await
+}
+
+/// What a child fetch gives from the fake: user `AWS`, `password`, the fake's expiry.
+fn fake_token(password: &str) -> Outcome {
+    Outcome::Ok("AWS".into(), password.into(), Some(fake::EXPIRES_AT))
+}
+
+/// [`hermetic_env`] with IMDS enabled at `imds`, and every AWS call sent to `endpoint`.
+fn imds_env(imds: String, endpoint: &str) -> Vec<(&'static str, String)> {
+    let mut env = hermetic_env();
+    env.retain(|(k, _)| *k != "AWS_EC2_METADATA_DISABLED");
+    env.extend([
+        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds),
+        ("AWS_ENDPOINT_URL", endpoint.to_string()),
+    ]);
+    env
 }
 
 fn expires(c: &Credential) -> u64 {
@@ -186,17 +206,9 @@ async fn unreachable_endpoint_is_unavailable() {
 #[tokio::test]
 async fn imdsv2_role_credentials_are_used() {
     let fake = Fake::start(Mode::Ok).await;
-    let mut env = hermetic_env();
-    env.retain(|(k, _)| *k != "AWS_EC2_METADATA_DISABLED");
-    env.extend([
-        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", fake.url.clone()),
-        ("AWS_ENDPOINT_URL", fake.url.clone()),
-    ]);
+    let env = imds_env(fake.url.clone(), &fake.url);
     let got = run_child(ECR_HOST, "", &env).await;
-    assert_eq!(
-        got,
-        Outcome::Ok("AWS".into(), fake::PASSWORD.into(), Some(fake::EXPIRES_AT))
-    );
+    assert_eq!(got, fake_token(fake::PASSWORD));
     fake.seen(|s| {
         assert!(
             s.imds_token_puts >= 1,
@@ -233,10 +245,7 @@ async fn eks_pod_identity_credentials_are_used() {
         ("AWS_ENDPOINT_URL", fake.url.clone()),
     ]);
     let got = run_child(ECR_HOST, "", &env).await;
-    assert_eq!(
-        got,
-        Outcome::Ok("AWS".into(), fake::PASSWORD.into(), Some(fake::EXPIRES_AT))
-    );
+    assert_eq!(got, fake_token(fake::PASSWORD));
     fake.seen(|s| {
         assert_eq!(s.pod_unauthorised, 0);
         assert!(s.pod_gets >= 1);
@@ -247,13 +256,8 @@ async fn eks_pod_identity_credentials_are_used() {
 #[tokio::test]
 async fn no_identity_at_all_is_identity_missing_naming_what_was_looked_for() {
     let fake = Fake::start(Mode::Ok).await;
-    let mut env = hermetic_env();
     // IMDS is tried too, and answers nothing.
-    env.retain(|(k, _)| *k != "AWS_EC2_METADATA_DISABLED");
-    env.extend([
-        ("AWS_EC2_METADATA_SERVICE_ENDPOINT", closed_url()),
-        ("AWS_ENDPOINT_URL", fake.url.clone()),
-    ]);
+    let env = imds_env(closed_url(), &fake.url);
     let Outcome::Err(code, msg) = run_child(ECR_HOST, "", &env).await else {
         panic!("no identity must not give a credential");
     };
@@ -286,34 +290,14 @@ async fn ecr_public_endpoint_env_var_is_honoured() {
         ("AWS_ENDPOINT_URL_ECR_PUBLIC", fake.url.clone()),
     ]);
     let got = run_child("public.ecr.aws", "", &env).await;
-    assert_eq!(
-        got,
-        Outcome::Ok(
-            "AWS".into(),
-            fake::PUBLIC_PASSWORD.into(),
-            Some(fake::EXPIRES_AT)
-        )
-    );
+    assert_eq!(got, fake_token(fake::PUBLIC_PASSWORD));
     fake.seen(|s| assert_eq!(s.access_keys, ["AKIDENVTEST000000001"]));
 }
 
 #[tokio::test]
 async fn irsa_with_sts_unreachable_is_unavailable_not_missing() {
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "eyJhbGciOiJSUzI1NiJ9.e30.c2ln").unwrap();
-    let mut env = hermetic_env();
-    env.extend([
-        (
-            "AWS_ROLE_ARN",
-            "arn:aws:iam::123456789012:role/irsa-puller".to_string(),
-        ),
-        (
-            "AWS_WEB_IDENTITY_TOKEN_FILE",
-            token_file.display().to_string(),
-        ),
-        ("AWS_ENDPOINT_URL", closed_url()),
-    ]);
+    let (_token_dir, mut env) = irsa_env();
+    env.push(("AWS_ENDPOINT_URL", closed_url()));
     let Outcome::Err(code, msg) = run_child(ECR_HOST, "", &env).await else {
         panic!("STS is unreachable");
     };
@@ -325,19 +309,8 @@ async fn sts_refusing_the_web_identity_is_identity_rejected() {
     // The fake's STS answers AccessDenied to AssumeRoleWithWebIdentity; moto accepts
     // every token, so it cannot play this.
     let fake = Fake::start(Mode::Ok).await;
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "eyJhbGciOiJSUzI1NiJ9.e30.c2ln").unwrap();
-    let mut env = hermetic_env();
+    let (_token_dir, mut env) = irsa_env();
     env.extend([
-        (
-            "AWS_ROLE_ARN",
-            "arn:aws:iam::123456789012:role/irsa-puller".to_string(),
-        ),
-        (
-            "AWS_WEB_IDENTITY_TOKEN_FILE",
-            token_file.display().to_string(),
-        ),
         ("AWS_ENDPOINT_URL_STS", format!("{}/sts-denies", fake.url)),
         ("AWS_ENDPOINT_URL", fake.url.clone()),
     ]);
@@ -354,18 +327,7 @@ async fn requests_are_signed_with_the_injected_clock() {
     // 1_767_225_600 is 2026-01-01T00:00:00Z.
     let clock =
         regbroker_provider::ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_767_225_600));
-    let p = AwsProvider::builder()
-        .endpoint_url(&fake.url)
-        .credentials(SharedCredentialsProvider::new(Credentials::new(
-            "AKIDEXPLICITTEST0001",
-            "explicit-secret-s3cr3t",
-            None,
-            None,
-            "test",
-        )))
-        .calls(quick_calls())
-        .clock(std::sync::Arc::new(clock))
-        .build();
+    let p = builder(&fake.url).clock(std::sync::Arc::new(clock)).build();
     fetch(&p, ECR_HOST).await.unwrap();
     fake.seen(|s| assert_eq!(s.scopes, ["20260101/eu-west-1/ecr"]));
 }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Moto, Outcome, closed_url, hermetic_env, run_child};
+use common::{Moto, Outcome, closed_url, hermetic_env, irsa_env, run_child};
 
 /// moto's fixed `expiresAt` (2015-01-01T00:00:00Z, moto started with TZ=UTC).
 const MOTO_EXPIRES_AT: u64 = 1_420_070_400;
@@ -18,6 +18,16 @@ const ECR_HOST: &str = "123456789012.dkr.ecr.us-east-1.amazonaws.com";
 #[ignore = "runs only as a child of the other scenarios"]
 async fn child_fetch() {
     common::child_main().await;
+}
+
+/// What moto answers for `account`: user `AWS`, password `<account>-auth-token`, and
+/// its fixed expiry.
+fn moto_token(account: &str) -> Outcome {
+    Outcome::Ok(
+        "AWS".into(),
+        format!("{account}-auth-token"),
+        Some(MOTO_EXPIRES_AT),
+    )
 }
 
 fn keys_env(endpoint: &str) -> Vec<(&'static str, String)> {
@@ -34,46 +44,19 @@ fn keys_env(endpoint: &str) -> Vec<(&'static str, String)> {
 async fn static_env_keys_get_an_ecr_token() {
     let Some(moto) = Moto::start() else { return };
     let got = run_child(ECR_HOST, "", &keys_env(&moto.url)).await;
-    assert_eq!(
-        got,
-        Outcome::Ok(
-            "AWS".into(),
-            // moto's password names the registry id: the account came from the host.
-            "123456789012-auth-token".into(),
-            Some(MOTO_EXPIRES_AT)
-        )
-    );
+    // moto's password names the registry id: the account came from the host.
+    assert_eq!(got, moto_token("123456789012"));
 }
 
 #[tokio::test]
 async fn irsa_web_identity_gets_an_ecr_token() {
     let Some(moto) = Moto::start() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "eyJhbGciOiJSUzI1NiJ9.e30.c2ln").unwrap();
-    let mut env = hermetic_env();
+    let (_token_dir, mut env) = irsa_env();
     // No AWS_REGION: STS for the web identity falls back to us-east-1, ECR uses the host's.
     env.retain(|(k, _)| *k != "AWS_REGION");
-    env.extend([
-        (
-            "AWS_ROLE_ARN",
-            "arn:aws:iam::123456789012:role/irsa-puller".to_string(),
-        ),
-        (
-            "AWS_WEB_IDENTITY_TOKEN_FILE",
-            token_file.display().to_string(),
-        ),
-        ("AWS_ENDPOINT_URL", moto.url.clone()),
-    ]);
+    env.push(("AWS_ENDPOINT_URL", moto.url.clone()));
     let got = run_child("210987654321.dkr.ecr.eu-west-1.amazonaws.com", "", &env).await;
-    assert_eq!(
-        got,
-        Outcome::Ok(
-            "AWS".into(),
-            "210987654321-auth-token".into(),
-            Some(MOTO_EXPIRES_AT)
-        )
-    );
+    assert_eq!(got, moto_token("210987654321"));
     assert!(
         moto_assumed(&moto, "irsa-puller").await,
         "moto saw no AssumeRoleWithWebIdentity for AWS_ROLE_ARN"
@@ -100,14 +83,7 @@ async fn role_arn_option_assumes_the_role() {
         &keys_env(&moto.url),
     )
     .await;
-    assert_eq!(
-        got,
-        Outcome::Ok(
-            "AWS".into(),
-            "210987654321-auth-token".into(),
-            Some(MOTO_EXPIRES_AT)
-        )
-    );
+    assert_eq!(got, moto_token("210987654321"));
     assert!(
         moto_assumed(&moto, "cross-account-puller").await,
         "moto saw no AssumeRole for the rule's role"
@@ -123,46 +99,21 @@ async fn custom_domain_with_region_and_account_options() {
         &keys_env(&moto.url),
     )
     .await;
-    assert_eq!(
-        got,
-        Outcome::Ok(
-            "AWS".into(),
-            "111122223333-auth-token".into(),
-            Some(MOTO_EXPIRES_AT)
-        )
-    );
+    assert_eq!(got, moto_token("111122223333"));
 }
 
 #[tokio::test]
 async fn service_specific_endpoint_vars_are_honoured() {
     // AWS_ENDPOINT_URL points nowhere; only the service-specific overrides reach moto.
     let Some(moto) = Moto::start() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, "eyJhbGciOiJSUzI1NiJ9.e30.c2ln").unwrap();
-    let mut env = hermetic_env();
+    let (_token_dir, mut env) = irsa_env();
     env.extend([
-        (
-            "AWS_ROLE_ARN",
-            "arn:aws:iam::123456789012:role/irsa-puller".to_string(),
-        ),
-        (
-            "AWS_WEB_IDENTITY_TOKEN_FILE",
-            token_file.display().to_string(),
-        ),
         ("AWS_ENDPOINT_URL", closed_url()),
         ("AWS_ENDPOINT_URL_ECR", moto.url.clone()),
         ("AWS_ENDPOINT_URL_STS", moto.url.clone()),
     ]);
     let got = run_child(ECR_HOST, "", &env).await;
-    assert_eq!(
-        got,
-        Outcome::Ok(
-            "AWS".into(),
-            "123456789012-auth-token".into(),
-            Some(MOTO_EXPIRES_AT)
-        )
-    );
+    assert_eq!(got, moto_token("123456789012"));
 
     // And without the ECR override the call goes to the dead global endpoint.
     env.retain(|(k, _)| *k != "AWS_ENDPOINT_URL_ECR");

@@ -214,6 +214,27 @@ pub async fn child_main() {
     }
 }
 
+/// The role every IRSA scenario names in `AWS_ROLE_ARN`.
+pub const IRSA_ROLE_ARN: &str = "arn:aws:iam::123456789012:role/irsa-puller";
+
+/// [`hermetic_env`] plus IRSA: `AWS_ROLE_ARN` = [`IRSA_ROLE_ARN`] and
+/// `AWS_WEB_IDENTITY_TOKEN_FILE` naming a JWT-shaped token file in the returned dir, which
+/// must live as long as the scenario.
+pub fn irsa_env() -> (tempfile::TempDir, Vec<(&'static str, String)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "eyJhbGciOiJSUzI1NiJ9.e30.c2ln").unwrap();
+    let mut env = hermetic_env();
+    env.extend([
+        ("AWS_ROLE_ARN", IRSA_ROLE_ARN.to_string()),
+        (
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            token_file.display().to_string(),
+        ),
+    ]);
+    (dir, env)
+}
+
 /// Env that keeps the default chain away from the machine's own identity sources.
 pub fn hermetic_env() -> Vec<(&'static str, String)> {
     vec![
