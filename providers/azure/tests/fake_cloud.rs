@@ -33,7 +33,7 @@ fn registry() -> Registry {
 
 struct Scenario {
     running: Running,
-    _dir: tempfile::TempDir,
+    _token_file: SaTokenFile,
     provider: AzureProvider,
     clock: ManualClock,
 }
@@ -41,22 +41,13 @@ struct Scenario {
 /// A provider wired to the fakes with workload identity (or a client secret).
 async fn scenario(secret_instead_of_token_file: bool) -> Scenario {
     let running = start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("azure-identity-token");
-    std::fs::write(&token_file, SA_TOKEN).unwrap();
-    let mut env = vec![
-        ("AZURE_CLIENT_ID", CLIENT_ID.to_string()),
-        ("AZURE_TENANT_ID", TENANT.to_string()),
-        ("AZURE_AUTHORITY_HOST", format!("{}/", running.https)),
-        ("REGBROKER_AZURE_EXCHANGE_URL", running.exchange_url()),
-    ];
+    let token_file = SaTokenFile::write();
+    let mut env = identity_env(format!("{}/", running.https));
+    env.push(("REGBROKER_AZURE_EXCHANGE_URL", running.exchange_url()));
     if secret_instead_of_token_file {
         env.push(("AZURE_CLIENT_SECRET", CLIENT_SECRET.to_string()));
     } else {
-        env.push((
-            "AZURE_FEDERATED_TOKEN_FILE",
-            token_file.display().to_string(),
-        ));
+        env.push(("AZURE_FEDERATED_TOKEN_FILE", token_file.path.clone()));
     }
     let clock = ManualClock::fixed();
     let provider = AzureProvider::builder()
@@ -69,7 +60,7 @@ async fn scenario(secret_instead_of_token_file: bool) -> Scenario {
         .unwrap();
     Scenario {
         running,
-        _dir: dir,
+        _token_file: token_file,
         provider,
         clock,
     }
@@ -285,20 +276,14 @@ async fn rule_scope_option_reaches_entra_id() {
 async fn slow_exchange_times_out() {
     let running = start().await;
     *running.fake.exchange_delay.lock().unwrap() = Some(Duration::from_secs(5));
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, SA_TOKEN).unwrap();
+    let token_file = SaTokenFile::write();
+    let mut env = identity_env(running.https.clone());
+    env.extend([
+        ("AZURE_FEDERATED_TOKEN_FILE", token_file.path.clone()),
+        ("REGBROKER_AZURE_EXCHANGE_URL", running.exchange_url()),
+    ]);
     let provider = AzureProvider::builder()
-        .env(Env::from_pairs([
-            ("AZURE_CLIENT_ID", CLIENT_ID.to_string()),
-            ("AZURE_TENANT_ID", TENANT.to_string()),
-            ("AZURE_AUTHORITY_HOST", running.https.clone()),
-            (
-                "AZURE_FEDERATED_TOKEN_FILE",
-                token_file.display().to_string(),
-            ),
-            ("REGBROKER_AZURE_EXCHANGE_URL", running.exchange_url()),
-        ]))
+        .env(Env::from_pairs(env))
         .http_client(client_trusting(&running.ca_pem))
         .timeout(Duration::from_millis(800))
         .build()
@@ -312,19 +297,11 @@ async fn slow_exchange_times_out() {
 async fn untrusted_tls_is_unavailable_not_accepted() {
     // The provider's default client trusts only real roots, not the test CA.
     let running = start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, SA_TOKEN).unwrap();
+    let token_file = SaTokenFile::write();
+    let mut env = identity_env(running.https.clone());
+    env.push(("AZURE_FEDERATED_TOKEN_FILE", token_file.path.clone()));
     let provider = AzureProvider::builder()
-        .env(Env::from_pairs([
-            ("AZURE_CLIENT_ID", CLIENT_ID.to_string()),
-            ("AZURE_TENANT_ID", TENANT.to_string()),
-            ("AZURE_AUTHORITY_HOST", running.https.clone()),
-            (
-                "AZURE_FEDERATED_TOKEN_FILE",
-                token_file.display().to_string(),
-            ),
-        ]))
+        .env(Env::from_pairs(env))
         .retry(0, Duration::from_millis(10))
         .build()
         .unwrap();

@@ -41,6 +41,35 @@ pub const SA_TOKEN: &str = "projected-service-account-token-Kx7";
 pub const MSI_HEADER: &str = "identity-header-secret-Pw3";
 pub const REGISTRY: &str = "myregistry.azurecr.io";
 
+/// A file holding [`SA_TOKEN`] (the projected service account token), in its own temp
+/// dir, removed on drop.
+pub struct SaTokenFile {
+    _dir: tempfile::TempDir,
+    pub path: String,
+}
+
+impl SaTokenFile {
+    pub fn write() -> SaTokenFile {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("azure-identity-token");
+        std::fs::write(&path, SA_TOKEN).unwrap();
+        SaTokenFile {
+            path: path.display().to_string(),
+            _dir: dir,
+        }
+    }
+}
+
+/// The identity env the fake Entra ID accepts: [`CLIENT_ID`], [`TENANT`], and
+/// `authority` as `AZURE_AUTHORITY_HOST`. A scenario adds the token file or the secret.
+pub fn identity_env(authority: String) -> Vec<(&'static str, String)> {
+    vec![
+        ("AZURE_CLIENT_ID", CLIENT_ID.to_string()),
+        ("AZURE_TENANT_ID", TENANT.to_string()),
+        ("AZURE_AUTHORITY_HOST", authority),
+    ]
+}
+
 /// An unsigned JWT with `payload` (what ACR and Entra ID tokens look like).
 pub fn jwt(payload: serde_json::Value) -> String {
     let e = base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -124,6 +153,29 @@ impl FakeCloud {
         });
     }
 
+    /// The next scripted answer of `script` (`aad_script` or `exchange_script`), if any.
+    fn next_scripted(script: &Mutex<VecDeque<Scripted>>) -> Option<Response> {
+        let s = script.lock().unwrap().pop_front()?;
+        Some(
+            (
+                StatusCode::from_u16(s.status).unwrap(),
+                [("content-type", "application/json")],
+                s.body,
+            )
+                .into_response(),
+        )
+    }
+
+    /// A managed identity token answer for query `q` (App Service and IMDS alike).
+    fn managed_identity_token(&self, q: &HashMap<String, String>) -> serde_json::Value {
+        json!({
+            "access_token": self.access_token,
+            "expires_on": FAR_EXP.to_string(),
+            "resource": q.get("resource").cloned().unwrap_or_default(),
+            "token_type": "Bearer",
+        })
+    }
+
     fn router(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/{tenant}/oauth2/v2.0/token", post(aad_token))
@@ -156,13 +208,8 @@ async fn aad_token(
     fake.aad_calls.fetch_add(1, Ordering::SeqCst);
     fake.aad_forms.lock().unwrap().push(form.clone());
     fake.aad_tenants.lock().unwrap().push(tenant.clone());
-    if let Some(s) = fake.aad_script.lock().unwrap().pop_front() {
-        return (
-            StatusCode::from_u16(s.status).unwrap(),
-            [("content-type", "application/json")],
-            s.body,
-        )
-            .into_response();
+    if let Some(scripted) = FakeCloud::next_scripted(&fake.aad_script) {
+        return scripted;
     }
     if tenant != TENANT {
         return aad_error(StatusCode::BAD_REQUEST, 90002, "Tenant not found.");
@@ -222,15 +269,9 @@ async fn msi_token(
     if q.get("api-version").map(String::as_str) != Some("2019-08-01") {
         return (StatusCode::BAD_REQUEST, "bad api-version").into_response();
     }
-    let resource = q.get("resource").cloned().unwrap_or_default();
-    Json(json!({
-        "access_token": fake.access_token,
-        "expires_on": FAR_EXP.to_string(),
-        "resource": resource,
-        "token_type": "Bearer",
-        "client_id": q.get("client_id").cloned().unwrap_or_default(),
-    }))
-    .into_response()
+    let mut answer = fake.managed_identity_token(&q);
+    answer["client_id"] = json!(q.get("client_id").cloned().unwrap_or_default());
+    Json(answer).into_response()
 }
 
 /// IMDS `GET /metadata/identity/oauth2/token` (what `169.254.169.254` serves on a VM).
@@ -248,14 +289,7 @@ async fn imds_token(
         )
             .into_response();
     }
-    let resource = q.get("resource").cloned().unwrap_or_default();
-    Json(json!({
-        "access_token": fake.access_token,
-        "expires_on": FAR_EXP.to_string(),
-        "resource": resource,
-        "token_type": "Bearer",
-    }))
-    .into_response()
+    Json(fake.managed_identity_token(&q)).into_response()
 }
 
 /// ACR `POST /oauth2/exchange`.
@@ -269,13 +303,8 @@ async fn acr_exchange(
     if let Some(d) = delay {
         tokio::time::sleep(d).await;
     }
-    if let Some(s) = fake.exchange_script.lock().unwrap().pop_front() {
-        return (
-            StatusCode::from_u16(s.status).unwrap(),
-            [("content-type", "application/json")],
-            s.body,
-        )
-            .into_response();
+    if let Some(scripted) = FakeCloud::next_scripted(&fake.exchange_script) {
+        return scripted;
     }
     let unauthorized = || {
         (
