@@ -10,77 +10,38 @@
 
 mod common;
 
-use common::federation::{AUDIENCE, Federation, external_account, start_federation};
+use common::federation::{
+    AUDIENCE, Federation, Scenario, external_account, external_account_file, start_federation,
+};
+use common::metadata::{MDS_PATH, Mds, start_mds};
+use common::token_endpoint::{TokenEndpoint, start_token_endpoint};
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 
-use aws_lc_rs::signature::{RSA_PKCS1_2048_8192_SHA256, UnparsedPublicKey};
 use axum::Router;
-use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use common::{Fake, Seen, clock_now, closed_port, fetch, form, provider, test_key, write};
+use common::{
+    Fake, Seen, TestKey, clock_now, closed_port, credentials_provider, fetch, form,
+    metadata_provider, provider, service_account_key, test_key, write,
+};
 use regbroker_gcp::{FALLBACK_TTL, OAUTH_SCOPE, USERNAME};
-use regbroker_provider::{ErrorKind, ExposeSecret, ManualClock};
+use regbroker_provider::{Credential, Error, ErrorKind, ExposeSecret, ManualClock};
 use serde_json::json;
-
-const MDS_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
 
 // ---------------------------------------------------------------------------------------
 // Metadata server
 // ---------------------------------------------------------------------------------------
 
-#[derive(Clone, Default)]
-struct Mds {
-    seen: Seen,
-    /// Answer this many requests with `fail_status` before succeeding.
-    fail_first: Arc<AtomicUsize>,
-    fail_status: u16,
-    issued: Arc<AtomicUsize>,
-    omit_expires_in: bool,
-    delay: Option<Duration>,
-}
-
-async fn mds_token(State(s): State<Mds>, headers: HeaderMap) -> Response {
-    s.seen.push(&headers, "");
-    if let Some(d) = s.delay {
-        tokio::time::sleep(d).await;
-    }
-    // The real metadata server refuses requests without this header (SSRF protection).
-    if headers.get("metadata-flavor").and_then(|v| v.to_str().ok()) != Some("Google") {
-        return (
-            StatusCode::FORBIDDEN,
-            "Missing Metadata-Flavor:Google header.",
-        )
-            .into_response();
-    }
-    if s.fail_first
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok()
-    {
-        let status = StatusCode::from_u16(s.fail_status).unwrap();
-        return (status, "metadata trouble").into_response();
-    }
-    let n = s.issued.fetch_add(1, Ordering::SeqCst) + 1;
-    let mut body = json!({"access_token": format!("ya29.mds-{n}"), "token_type": "Bearer"});
-    if !s.omit_expires_in {
-        body["expires_in"] = json!(3599);
-    }
-    axum::Json(body).into_response()
-}
-
-async fn start_mds(state: Mds) -> Fake {
-    Fake::start(
-        Router::new()
-            .route(MDS_PATH, get(mds_token))
-            .with_state(state),
-    )
-    .await
+/// Starts `mds` and fetches a `gcr.io` credential through it.
+async fn fetch_through(mds: Mds) -> Result<Credential, Error> {
+    let fake = start_mds(mds).await;
+    let clock = ManualClock::fixed();
+    fetch(&metadata_provider(&fake, &clock), "gcr.io").await
 }
 
 #[tokio::test]
@@ -92,8 +53,7 @@ async fn metadata_token_needs_the_flavor_header_and_carries_its_expiry() {
     assert_eq!(bare.status().as_u16(), 403);
 
     let clock = ManualClock::fixed();
-    let host = fake.addr.to_string();
-    let p = provider(&[("GCE_METADATA_HOST", &host)], &clock);
+    let p = metadata_provider(&fake, &clock);
     let cred = fetch(&p, "europe-west1-docker.pkg.dev").await.unwrap();
     assert_eq!(cred.username(), USERNAME);
     assert_eq!(cred.secret().expose_secret(), "ya29.mds-1");
@@ -108,32 +68,16 @@ async fn metadata_token_needs_the_flavor_header_and_carries_its_expiry() {
 
 #[tokio::test]
 async fn metadata_500_then_success_is_retried() {
-    let mds = Mds {
-        fail_first: Arc::new(AtomicUsize::new(1)),
-        fail_status: 500,
-        ..Mds::default()
-    };
-    let fake = start_mds(mds.clone()).await;
-    let clock = ManualClock::fixed();
-    let host = fake.addr.to_string();
-    let p = provider(&[("GCE_METADATA_HOST", &host)], &clock);
-    let cred = fetch(&p, "gcr.io").await.unwrap();
+    let mds = Mds::failing(1, 500);
+    let cred = fetch_through(mds.clone()).await.unwrap();
     assert_eq!(cred.secret().expose_secret(), "ya29.mds-1");
     assert_eq!(mds.seen.count(), 2, "one 500, one success");
 }
 
 #[tokio::test]
 async fn metadata_always_500_is_unavailable_after_bounded_retries() {
-    let mds = Mds {
-        fail_first: Arc::new(AtomicUsize::new(100)),
-        fail_status: 503,
-        ..Mds::default()
-    };
-    let fake = start_mds(mds.clone()).await;
-    let clock = ManualClock::fixed();
-    let host = fake.addr.to_string();
-    let p = provider(&[("GCE_METADATA_HOST", &host)], &clock);
-    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    let mds = Mds::failing(100, 503);
+    let e = fetch_through(mds.clone()).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{}", e.chain());
     assert!(e.message().contains("503"), "{e}");
     assert_eq!(mds.seen.count(), 3, "attempts = 3");
@@ -141,31 +85,15 @@ async fn metadata_always_500_is_unavailable_after_bounded_retries() {
 
 #[tokio::test]
 async fn metadata_429_is_throttled() {
-    let mds = Mds {
-        fail_first: Arc::new(AtomicUsize::new(100)),
-        fail_status: 429,
-        ..Mds::default()
-    };
-    let fake = start_mds(mds).await;
-    let clock = ManualClock::fixed();
-    let host = fake.addr.to_string();
-    let p = provider(&[("GCE_METADATA_HOST", &host)], &clock);
-    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    let mds = Mds::failing(100, 429);
+    let e = fetch_through(mds).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Throttled, "{}", e.chain());
 }
 
 #[tokio::test]
 async fn metadata_404_means_no_service_account() {
-    let mds = Mds {
-        fail_first: Arc::new(AtomicUsize::new(100)),
-        fail_status: 404,
-        ..Mds::default()
-    };
-    let fake = start_mds(mds.clone()).await;
-    let clock = ManualClock::fixed();
-    let host = fake.addr.to_string();
-    let p = provider(&[("GCE_METADATA_HOST", &host)], &clock);
-    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    let mds = Mds::failing(100, 404);
+    let e = fetch_through(mds.clone()).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::IdentityMissing, "{}", e.chain());
     assert_eq!(mds.seen.count(), 1, "a 404 is not retried");
 }
@@ -199,8 +127,7 @@ async fn an_explicit_rule_serves_a_custom_domain_with_the_same_credential() {
     let mds = Mds::default();
     let fake = start_mds(mds.clone()).await;
     let clock = ManualClock::fixed();
-    let host = fake.addr.to_string();
-    let p = provider(&[("GCE_METADATA_HOST", &host)], &clock);
+    let p = metadata_provider(&fake, &clock);
     let custom = Registry::parse("images.example.com").unwrap();
     assert!(p.recognise(&custom).is_none(), "never auto-detected");
     let target = p.target(&custom, &Options::new()).unwrap();
@@ -243,8 +170,7 @@ async fn metadata_without_expires_in_gets_the_short_fallback_ttl() {
     };
     let fake = start_mds(mds).await;
     let clock = ManualClock::fixed();
-    let host = fake.addr.to_string();
-    let p = provider(&[("GCE_METADATA_HOST", &host)], &clock);
+    let p = metadata_provider(&fake, &clock);
     let cred = fetch(&p, "gcr.io").await.unwrap();
     assert_eq!(cred.expires_at(), Some(clock_now(&clock) + FALLBACK_TTL));
 }
@@ -254,8 +180,7 @@ async fn expired_token_is_refreshed_on_the_next_fetch() {
     let mds = Mds::default();
     let fake = start_mds(mds.clone()).await;
     let clock = ManualClock::fixed();
-    let host = fake.addr.to_string();
-    let p = provider(&[("GCE_METADATA_HOST", &host)], &clock);
+    let p = metadata_provider(&fake, &clock);
     let first = fetch(&p, "gcr.io").await.unwrap();
     let first_expiry = first.expires_at().unwrap();
     clock.advance(Duration::from_secs(3600)); // past first_expiry
@@ -274,50 +199,17 @@ async fn expired_token_is_refreshed_on_the_next_fetch() {
 // Service-account key
 // ---------------------------------------------------------------------------------------
 
-#[derive(Clone)]
-struct TokenEndpoint {
-    seen: Seen,
-    public_key: Arc<Vec<u8>>,
-    reject: bool,
-}
-
-/// Checks what oauth2.googleapis.com checks for the JWT-bearer grant: the grant type and
-/// an RS256 assertion signed by the key's private half.
-async fn oauth_token(State(s): State<TokenEndpoint>, headers: HeaderMap, body: String) -> Response {
-    s.seen.push(&headers, &body);
-    if s.reject {
-        let body = json!({"error": "invalid_grant", "error_description": "Invalid JWT Signature. secret-detail"});
-        return (StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
-    }
-    let f = form(&body);
-    if f.get("grant_type").map(String::as_str)
-        != Some("urn:ietf:params:oauth:grant-type:jwt-bearer")
-    {
-        return (
-            StatusCode::BAD_REQUEST,
-            axum::Json(json!({"error": "unsupported_grant_type"})),
-        )
-            .into_response();
-    }
-    let assertion = f.get("assertion").cloned().unwrap_or_default();
-    let Some((signing_input, sig)) = assertion.rsplit_once('.') else {
-        return (
-            StatusCode::BAD_REQUEST,
-            axum::Json(json!({"error": "invalid_request"})),
-        )
-            .into_response();
-    };
-    let sig = URL_SAFE_NO_PAD.decode(sig).unwrap_or_default();
-    let key = UnparsedPublicKey::new(&RSA_PKCS1_2048_8192_SHA256, s.public_key.as_slice());
-    if key.verify(signing_input.as_bytes(), &sig).is_err() {
-        return (
-            StatusCode::BAD_REQUEST,
-            axum::Json(json!({"error": "invalid_grant"})),
-        )
-            .into_response();
-    }
-    axum::Json(json!({"access_token": "ya29.from-key", "expires_in": 3600, "token_type": "Bearer"}))
-        .into_response()
+/// Fetches a `gcr.io` credential with a service-account key file of `key`,
+/// `client_email` and `token_uri`.
+async fn fetch_with_key(
+    key: &TestKey,
+    client_email: &str,
+    token_uri: &str,
+) -> Result<Credential, Error> {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = service_account_key(&dir, key, client_email, token_uri);
+    let clock = ManualClock::fixed();
+    fetch(&credentials_provider(&key_file, &clock), "gcr.io").await
 }
 
 fn jwt_part(assertion: &str, i: usize) -> serde_json::Value {
@@ -328,17 +220,8 @@ fn jwt_part(assertion: &str, i: usize) -> serde_json::Value {
 #[tokio::test]
 async fn service_account_key_is_exchanged_at_its_token_uri() {
     let key = test_key();
-    let ep = TokenEndpoint {
-        seen: Seen::default(),
-        public_key: Arc::new(key.public.clone()),
-        reject: false,
-    };
-    let fake = Fake::start(
-        Router::new()
-            .route("/token", post(oauth_token))
-            .with_state(ep.clone()),
-    )
-    .await;
+    let ep = TokenEndpoint::new(&key.public, false);
+    let fake = start_token_endpoint(ep.clone()).await;
     let dir = tempfile::tempdir().unwrap();
     let token_uri = fake.url("/token");
     let key_file = write(
@@ -387,28 +270,15 @@ async fn service_account_key_is_exchanged_at_its_token_uri() {
 #[tokio::test]
 async fn service_account_rejected_by_the_token_endpoint_is_identity_rejected() {
     let key = test_key();
-    let ep = TokenEndpoint {
-        seen: Seen::default(),
-        public_key: Arc::new(key.public.clone()),
-        reject: true,
-    };
-    let fake = Fake::start(
-        Router::new()
-            .route("/token", post(oauth_token))
-            .with_state(ep.clone()),
+    let ep = TokenEndpoint::new(&key.public, true);
+    let fake = start_token_endpoint(ep.clone()).await;
+    let e = fetch_with_key(
+        &key,
+        "puller@p.iam.gserviceaccount.com",
+        &fake.url("/token"),
     )
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let key_file = write(
-        &dir,
-        "key.json",
-        &json!({"type": "service_account", "private_key": key.pem,
-                "client_email": "puller@p.iam.gserviceaccount.com", "token_uri": fake.url("/token")})
-        .to_string(),
-    );
-    let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &key_file)], &clock);
-    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    .await
+    .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::IdentityRejected, "{}", e.chain());
     assert!(e.message().contains("invalid_grant"), "{e}");
     assert!(!e.chain().contains("secret-detail"), "{}", e.chain());
@@ -420,28 +290,10 @@ async fn wrong_key_signature_is_refused_by_the_fake() {
     // Guards the honesty of the test above: an assertion signed by another key fails.
     let key = test_key();
     let other = test_key();
-    let ep = TokenEndpoint {
-        seen: Seen::default(),
-        public_key: Arc::new(other.public.clone()),
-        reject: false,
-    };
-    let fake = Fake::start(
-        Router::new()
-            .route("/token", post(oauth_token))
-            .with_state(ep),
-    )
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let key_file = write(
-        &dir,
-        "key.json",
-        &json!({"type": "service_account", "private_key": key.pem,
-                "client_email": "a@p.iam.gserviceaccount.com", "token_uri": fake.url("/token")})
-        .to_string(),
-    );
-    let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &key_file)], &clock);
-    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    let fake = start_token_endpoint(TokenEndpoint::new(&other.public, false)).await;
+    let e = fetch_with_key(&key, "a@p.iam.gserviceaccount.com", &fake.url("/token"))
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::IdentityRejected);
 }
 
@@ -470,17 +322,13 @@ async fn a_redirecting_token_endpoint_is_not_followed() {
     ))
     .await;
     let key = test_key();
-    let dir = tempfile::tempdir().unwrap();
-    let key_file = write(
-        &dir,
-        "key.json",
-        &json!({"type": "service_account", "private_key": key.pem,
-                "client_email": "a@p.iam.gserviceaccount.com", "token_uri": redirector.url("/token")})
-        .to_string(),
-    );
-    let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &key_file)], &clock);
-    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    let e = fetch_with_key(
+        &key,
+        "a@p.iam.gserviceaccount.com",
+        &redirector.url("/token"),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::BadResponse, "{}", e.chain());
     assert!(e.message().contains("307"), "{e}");
     assert_eq!(elsewhere.count(), 0, "the redirect was followed");
@@ -489,17 +337,13 @@ async fn a_redirecting_token_endpoint_is_not_followed() {
 #[tokio::test]
 async fn plain_http_token_uri_off_loopback_is_invalid_config() {
     let key = test_key();
-    let dir = tempfile::tempdir().unwrap();
-    let key_file = write(
-        &dir,
-        "key.json",
-        &json!({"type": "service_account", "private_key": key.pem,
-                "client_email": "a@p.iam.gserviceaccount.com", "token_uri": "http://oauth2.example.com/token"})
-        .to_string(),
-    );
-    let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &key_file)], &clock);
-    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    let e = fetch_with_key(
+        &key,
+        "a@p.iam.gserviceaccount.com",
+        "http://oauth2.example.com/token",
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{}", e.chain());
     assert!(e.message().contains("token_uri"), "{e}");
 }
@@ -509,10 +353,7 @@ async fn credentials_file_problems_name_the_env_var() {
     let clock = ManualClock::fixed();
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("nope.json");
-    let p = provider(
-        &[("GOOGLE_APPLICATION_CREDENTIALS", missing.to_str().unwrap())],
-        &clock,
-    );
+    let p = credentials_provider(missing.to_str().unwrap(), &clock);
     let e = fetch(&p, "gcr.io").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::IdentityMissing, "{}", e.chain());
     assert!(
@@ -525,7 +366,7 @@ async fn credentials_file_problems_name_the_env_var() {
         "adc.json",
         r#"{"type":"authorized_user","client_id":"x","client_secret":"s3cret","refresh_token":"r3fresh"}"#,
     );
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &user)], &clock);
+    let p = credentials_provider(&user, &clock);
     let e = fetch(&p, "gcr.io").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{}", e.chain());
     assert!(e.message().contains("authorized_user"), "{e}");
@@ -538,17 +379,9 @@ async fn credentials_file_problems_name_the_env_var() {
 
 #[tokio::test]
 async fn external_account_file_token_is_exchanged_at_the_sts() {
-    let fed = Federation::default();
-    let fake = start_federation(fed.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = write(&dir, "token", "eyJ.subject-1\n");
-    let creds = write(
-        &dir,
-        "creds.json",
-        &external_account(&fake, &token_file, false).to_string(),
-    );
+    let s = Scenario::start("eyJ.subject-1\n", false).await;
     let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let p = credentials_provider(&s.creds, &clock);
     let cred = fetch(&p, "asia-docker.pkg.dev").await.unwrap();
     assert_eq!(cred.username(), "oauth2accesstoken");
     assert_eq!(cred.secret().expose_secret(), "ya29.sts-1");
@@ -556,7 +389,7 @@ async fn external_account_file_token_is_exchanged_at_the_sts() {
         cred.expires_at(),
         Some(clock_now(&clock) + Duration::from_secs(3600))
     );
-    let f = form(&fed.sts.all()[0].body);
+    let f = form(&s.fed.sts.all()[0].body);
     assert_eq!(f["audience"], AUDIENCE);
     assert_eq!(f["subject_token"], "eyJ.subject-1", "trimmed file contents");
     assert_eq!(
@@ -564,29 +397,21 @@ async fn external_account_file_token_is_exchanged_at_the_sts() {
         "urn:ietf:params:oauth:token-type:jwt"
     );
     assert_eq!(f["scope"], OAUTH_SCOPE);
-    assert_eq!(fed.iam.count(), 0);
+    assert_eq!(s.fed.iam.count(), 0);
 }
 
 #[tokio::test]
 async fn external_account_with_impersonation_uses_the_generated_token_and_its_expiry() {
-    let fed = Federation::default();
-    let fake = start_federation(fed.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = write(&dir, "token", "eyJ.subject-1");
-    let creds = write(
-        &dir,
-        "creds.json",
-        &external_account(&fake, &token_file, true).to_string(),
-    );
+    let s = Scenario::start("eyJ.subject-1", true).await;
     let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let p = credentials_provider(&s.creds, &clock);
     let cred = fetch(&p, "gcr.io").await.unwrap();
     assert_eq!(cred.secret().expose_secret(), "ya29.impersonated");
     assert_eq!(
         cred.expires_at(),
         Some(clock_now(&clock) + Duration::from_secs(1800))
     );
-    let iam = fed.iam.all().pop().unwrap();
+    let iam = s.fed.iam.all().pop().unwrap();
     assert_eq!(iam.headers["authorization"], "Bearer ya29.sts-1");
     let body: serde_json::Value = serde_json::from_str(&iam.body).unwrap();
     assert_eq!(body["scope"], json!([OAUTH_SCOPE]));
@@ -595,23 +420,16 @@ async fn external_account_with_impersonation_uses_the_generated_token_and_its_ex
 
 #[tokio::test]
 async fn rotated_subject_token_file_is_read_again_on_each_fetch() {
-    let fed = Federation::default();
-    let fake = start_federation(fed.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = write(&dir, "token", "eyJ.subject-1");
-    let creds = write(
-        &dir,
-        "creds.json",
-        &external_account(&fake, &token_file, false).to_string(),
-    );
+    let s = Scenario::start("eyJ.subject-1", false).await;
     let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let p = credentials_provider(&s.creds, &clock);
     fetch(&p, "gcr.io").await.unwrap();
-    std::fs::write(&token_file, "eyJ.subject-2").unwrap();
+    std::fs::write(&s.token_file, "eyJ.subject-2").unwrap();
     clock.advance(Duration::from_secs(3600));
     let second = fetch(&p, "gcr.io").await.unwrap();
     assert_eq!(second.secret().expose_secret(), "ya29.sts-2");
-    let bodies: Vec<String> = fed
+    let bodies: Vec<String> = s
+        .fed
         .sts
         .all()
         .iter()
@@ -635,7 +453,7 @@ async fn json_formatted_subject_token_is_read_from_its_field() {
         json!({"type": "json", "subject_token_field_name": "id_token"});
     let creds = write(&dir, "creds.json", &config.to_string());
     let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let p = credentials_provider(&creds, &clock);
     fetch(&p, "gcr.io").await.unwrap();
     assert_eq!(
         form(&fed.sts.all()[0].body)["subject_token"],
@@ -673,7 +491,7 @@ async fn url_sourced_subject_token_is_fetched_with_its_headers() {
     });
     let creds = write(&dir, "creds.json", &config.to_string());
     let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let p = credentials_provider(&creds, &clock);
     let cred = fetch(&p, "gcr.io").await.unwrap();
     assert_eq!(cred.secret().expose_secret(), "ya29.sts-1");
     assert_eq!(subject_seen.count(), 1);
@@ -689,13 +507,9 @@ async fn missing_subject_token_file_is_identity_missing() {
     let fake = start_federation(fed.clone()).await;
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("not-mounted");
-    let creds = write(
-        &dir,
-        "creds.json",
-        &external_account(&fake, token_file.to_str().unwrap(), false).to_string(),
-    );
+    let creds = external_account_file(&dir, &fake, token_file.to_str().unwrap(), false);
     let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let p = credentials_provider(&creds, &clock);
     let e = fetch(&p, "gcr.io").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::IdentityMissing, "{}", e.chain());
     assert_eq!(fed.sts.count(), 0);
@@ -711,25 +525,17 @@ async fn unsupported_credential_sources_are_invalid_config() {
         json!({"environment_id": "aws1", "region_url": "http://169.254.169.254/x"});
     let creds = write(&dir, "aws.json", &config.to_string());
     let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let p = credentials_provider(&creds, &clock);
     let e = fetch(&p, "gcr.io").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{}", e.chain());
 }
 
 #[tokio::test]
 async fn sts_rejection_is_identity_rejected() {
-    let fed = Federation::default();
-    let fake = start_federation(fed.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
     // Not a JWT: the fake STS answers 400 invalid_request, as the real one does.
-    let token_file = write(&dir, "token", "not-a-jwt");
-    let creds = write(
-        &dir,
-        "creds.json",
-        &external_account(&fake, &token_file, false).to_string(),
-    );
+    let s = Scenario::start("not-a-jwt", false).await;
     let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let p = credentials_provider(&s.creds, &clock);
     let e = fetch(&p, "gcr.io").await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::IdentityRejected, "{}", e.chain());
 }

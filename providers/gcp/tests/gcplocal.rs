@@ -16,7 +16,10 @@ mod common;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use common::{clock_now, closed_port, fetch, provider, test_key, write};
+use common::{
+    clock_now, closed_port, credentials_provider, fetch, provider, service_account_key, test_key,
+    write,
+};
 use regbroker_provider::{ExposeSecret, ManualClock};
 use serde_json::json;
 
@@ -110,22 +113,14 @@ async fn service_account_key_exchanged_at_gcplocal_token_endpoint() {
     let Some(g) = start().await else { return };
     let key = test_key();
     let dir = tempfile::tempdir().unwrap();
-    let key_file = write(
+    let key_file = service_account_key(
         &dir,
-        "key.json",
-        &json!({
-            "type": "service_account",
-            "private_key": key.pem,
-            "client_email": "puller@p.iam.gserviceaccount.com",
-            "token_uri": format!("http://{}/token", g.addr),
-        })
-        .to_string(),
+        &key,
+        "puller@p.iam.gserviceaccount.com",
+        &format!("http://{}/token", g.addr),
     );
     let clock = ManualClock::fixed();
-    let p = provider(
-        &[("GOOGLE_APPLICATION_CREDENTIALS", key_file.as_str())],
-        &clock,
-    );
+    let p = credentials_provider(&key_file, &clock);
     let cred = fetch(&p, "gcr.io").await.unwrap();
     assert_eq!(cred.secret().expose_secret(), MOCK_TOKEN);
     assert_eq!(
@@ -152,10 +147,7 @@ async fn external_account_exchanged_at_gcplocal_token_endpoint() {
         .to_string(),
     );
     let clock = ManualClock::fixed();
-    let p = provider(
-        &[("GOOGLE_APPLICATION_CREDENTIALS", creds.as_str())],
-        &clock,
-    );
+    let p = credentials_provider(&creds, &clock);
     let cred = fetch(&p, "us-docker.pkg.dev").await.unwrap();
     assert_eq!(cred.secret().expose_secret(), MOCK_TOKEN);
 }

@@ -11,8 +11,8 @@ mod common;
 
 use std::sync::Arc;
 
-use common::federation::{Federation, external_account, start_federation};
-use common::{fetch, provider, write};
+use common::federation::Scenario;
+use common::{credentials_provider, fetch};
 use regbroker_provider::ManualClock;
 
 // ---------------------------------------------------------------------------------------
@@ -43,22 +43,14 @@ async fn secrets_never_reach_logs_errors_or_debug() {
         .finish();
     tracing::subscriber::set_global_default(subscriber).unwrap();
 
-    let fed = Federation::default();
-    let fake = start_federation(fed.clone()).await;
-    let dir = tempfile::tempdir().unwrap();
-    let token_file = write(&dir, "token", "eyJ.subject-secret");
-    let creds = write(
-        &dir,
-        "creds.json",
-        &external_account(&fake, &token_file, true).to_string(),
-    );
+    let s = Scenario::start("eyJ.subject-secret", true).await;
     let clock = ManualClock::fixed();
-    let p = provider(&[("GOOGLE_APPLICATION_CREDENTIALS", &creds)], &clock);
+    let p = credentials_provider(&s.creds, &clock);
     let cred = fetch(&p, "gcr.io").await.unwrap();
     let shown = format!("{cred:?} {p:?}");
 
     // A failure path too: the subject token is refused by IAM after STS.
-    std::fs::write(&token_file, "not-a-jwt-secret").unwrap();
+    std::fs::write(&s.token_file, "not-a-jwt-secret").unwrap();
     let e = fetch(&p, "gcr.io").await.unwrap_err();
     let error_text = format!("{e} {} {e:?}", e.chain());
 

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
 
-use super::{Fake, Seen, form};
+use super::{Fake, Seen, form, write};
 
 #[derive(Clone, Default)]
 pub struct Federation {
@@ -99,4 +99,48 @@ pub fn external_account(fake: &Fake, token_file: &str, impersonate: bool) -> ser
         ));
     }
     v
+}
+
+/// Writes [`external_account`] as `creds.json` in `dir` and returns its path.
+pub fn external_account_file(
+    dir: &tempfile::TempDir,
+    fake: &Fake,
+    token_file: &str,
+    impersonate: bool,
+) -> String {
+    write(
+        dir,
+        "creds.json",
+        &external_account(fake, token_file, impersonate).to_string(),
+    )
+}
+
+/// The federation fakes and an external_account credentials file for them whose subject
+/// token file holds `subject_token`; everything lives as long as the value.
+pub struct Scenario {
+    /// What the fakes saw.
+    pub fed: Federation,
+    /// The subject token file (rewrite it to rotate the token).
+    pub token_file: String,
+    /// The credentials file, for `GOOGLE_APPLICATION_CREDENTIALS`.
+    pub creds: String,
+    _fake: Fake,
+    _dir: tempfile::TempDir,
+}
+
+impl Scenario {
+    pub async fn start(subject_token: &str, impersonate: bool) -> Scenario {
+        let fed = Federation::default();
+        let fake = start_federation(fed.clone()).await;
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = write(&dir, "token", subject_token);
+        let creds = external_account_file(&dir, &fake, &token_file, impersonate);
+        Scenario {
+            fed,
+            token_file,
+            creds,
+            _fake: fake,
+            _dir: dir,
+        }
+    }
 }

@@ -9,6 +9,8 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod federation;
+pub mod metadata;
+pub mod token_endpoint;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -94,6 +96,16 @@ pub fn provider(env: &[(&str, &str)], clock: &ManualClock) -> GcpProvider {
         .build()
 }
 
+/// [`provider`] whose metadata server (`GCE_METADATA_HOST`) is `fake`.
+pub fn metadata_provider(fake: &Fake, clock: &ManualClock) -> GcpProvider {
+    provider(&[("GCE_METADATA_HOST", &fake.addr.to_string())], clock)
+}
+
+/// [`provider`] whose credentials file (`GOOGLE_APPLICATION_CREDENTIALS`) is `path`.
+pub fn credentials_provider(path: &str, clock: &ManualClock) -> GcpProvider {
+    provider(&[("GOOGLE_APPLICATION_CREDENTIALS", path)], clock)
+}
+
 pub async fn fetch(p: &GcpProvider, host: &str) -> Result<Credential, Error> {
     let registry = Registry::parse(host).unwrap();
     let target = p.recognise(&registry).expect("a Google host");
@@ -128,6 +140,23 @@ pub fn write(dir: &tempfile::TempDir, name: &str, contents: &str) -> String {
     let path = dir.path().join(name);
     std::fs::write(&path, contents).unwrap();
     path.to_str().unwrap().to_string()
+}
+
+/// Writes a `service_account` key file (`key.json`) in `dir` with `key`, `client_email`
+/// and `token_uri`, and returns its path.
+pub fn service_account_key(
+    dir: &tempfile::TempDir,
+    key: &TestKey,
+    client_email: &str,
+    token_uri: &str,
+) -> String {
+    let json = serde_json::json!({
+        "type": "service_account",
+        "private_key": key.pem,
+        "client_email": client_email,
+        "token_uri": token_uri,
+    });
+    write(dir, "key.json", &json.to_string())
 }
 
 /// Decodes `application/x-www-form-urlencoded`.
