@@ -33,14 +33,8 @@ impl AwsProvider {
         let data = out
             .authorization_data()
             .iter()
-            .find(|d| d.authorization_token().is_some())
-            .ok_or_else(|| {
-                Error::bad_response(format!("{what}: no authorization data in the answer"))
-            })?;
-        let token = data.authorization_token().unwrap_or_default();
-        let password =
-            decode_token(token).map_err(|why| Error::bad_response(format!("{what}: {why}")))?;
-        let expires_at = expiry(data.expires_at());
+            .find_map(|d| Some((d.authorization_token()?, d.expires_at())));
+        let (password, expires_at) = password_and_expiry(&what, data)?;
         tracing::debug!(%account, %region, ?expires_at, "Fetched ECR token");
         Ok(Credential::new(USERNAME, password, expires_at))
     }
@@ -56,14 +50,8 @@ impl AwsProvider {
             .map_err(|e| errors::map_sdk_error(&what, e))?;
         let data = out
             .authorization_data()
-            .filter(|d| d.authorization_token().is_some())
-            .ok_or_else(|| {
-                Error::bad_response(format!("{what}: no authorization data in the answer"))
-            })?;
-        let token = data.authorization_token().unwrap_or_default();
-        let password =
-            decode_token(token).map_err(|why| Error::bad_response(format!("{what}: {why}")))?;
-        let expires_at = expiry(data.expires_at());
+            .and_then(|d| Some((d.authorization_token()?, d.expires_at())));
+        let (password, expires_at) = password_and_expiry(&what, data)?;
         tracing::debug!(?expires_at, "Fetched ECR Public token");
         Ok(Credential::new(USERNAME, password, expires_at))
     }
@@ -80,6 +68,20 @@ pub fn decode_token(token: &str) -> Result<SecretString, &'static str> {
         Some(password) if !password.is_empty() => Ok(SecretString::from(password.to_string())),
         _ => Err("the authorization token is not `AWS:<password>`"),
     }
+}
+
+/// The password and expiry of an answer's authorization data (`None`: no data with a
+/// token); the error names `what`, never the token.
+fn password_and_expiry(
+    what: &str,
+    data: Option<(&str, Option<&aws_smithy_types::DateTime>)>,
+) -> Result<(SecretString, Option<SystemTime>), Error> {
+    let (token, at) = data.ok_or_else(|| {
+        Error::bad_response(format!("{what}: no authorization data in the answer"))
+    })?;
+    let password =
+        decode_token(token).map_err(|why| Error::bad_response(format!("{what}: {why}")))?;
+    Ok((password, expiry(at)))
 }
 
 fn expiry(at: Option<&aws_smithy_types::DateTime>) -> Option<SystemTime> {
