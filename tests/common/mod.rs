@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use regbroker::broker::Broker;
-use regbroker::metrics::Metrics;
 use regbroker::broker::providers::Providers;
-use regbroker::server::{self, AppState, Bound, Listen};
 use regbroker::broker::static_secret;
+use regbroker::metrics::Metrics;
+use regbroker::server::{self, AppState, Bound, Listen};
 use regbroker_provider::{
     BoxFuture, Credential, Error, ManualClock, Options, Provider, Registry, SharedClock, Target,
 };
@@ -231,7 +231,8 @@ impl TestServerBuilder {
         let shared: SharedClock = Arc::new(clock.clone());
         let fake = FakeProvider::new(shared.clone());
         let providers = Providers::new(vec![fake.clone() as Arc<dyn Provider>]);
-        let config = regbroker::broker::config::parse(&self.config_toml, &providers).expect("test config");
+        let config =
+            regbroker::broker::config::parse(&self.config_toml, &providers).expect("test config");
         let metrics = Arc::new(Metrics::new());
         let statics =
             Arc::new(static_secret::Store::open(self.docker_configs, metrics.clone()).unwrap());
@@ -305,6 +306,20 @@ impl TestServer {
             let _ = tx.send(());
         }
     }
+}
+
+/// A test server whose docker config holds one static entry,
+/// `static.example.com` = `s-user:s-pw`; the directory holds that file.
+pub async fn server_with_static() -> (TestServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let statics = dir.path().join("static.json");
+    std::fs::write(
+        &statics,
+        docker_config(&[("static.example.com", "s-user", "s-pw")]),
+    )
+    .unwrap();
+    let srv = TestServer::builder().docker_config(&statics).start().await;
+    (srv, dir)
 }
 
 /// Writes a docker config with `username`/`password` entries.

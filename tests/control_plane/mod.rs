@@ -1,0 +1,542 @@
+//! A real Kubernetes control plane for the tests: etcd and kube-apiserver built from
+//! source by `scripts/peers.sh`, started once per test binary on loopback, like
+//! controller-runtime's envtest `Environment`.
+//!
+//! - kube-apiserver serves TLS with a certificate from a CA made here (rcgen), authorises
+//!   with RBAC, and knows one admin (a static token in group `system:masters`);
+//! - a service-account issuer and signing key, so TokenRequest and TokenReview work;
+//! - no controller-manager: namespaces are never deleted and nothing is garbage
+//!   collected, so every test works in namespaces of its own ([`ControlPlane::namespace`])
+//!   and the whole store lives in a temporary directory.
+//!
+//! Peers come from `REGBROKER_PEERS_FILE` (the `NAME=PATH` lines `scripts/peers.sh`
+//! prints; `scripts/test.sh` sets it), else from running `scripts/peers.sh`, which builds
+//! what its cache lacks. The tests using this fixture are `#[ignore]`d, so plain
+//! `cargo test` lists them as ignored; `scripts/test.sh` runs them, and a missing peer is
+//! then a failure, never a silent pass.
+//!
+//! The processes are tethered to the test binary: each runs under a small shell that
+//! kills it when its stdin (a pipe this process holds until it exits) reaches EOF, so no
+//! etcd or kube-apiserver outlives the tests, whichever way they end.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+
+/// The test peers, by the names `scripts/peers.sh` prints.
+#[derive(Debug, Clone)]
+pub struct Peers(BTreeMap<String, PathBuf>);
+
+impl Peers {
+    /// Reads `REGBROKER_PEERS_FILE`, or runs `scripts/peers.sh` (building what is missing).
+    pub fn find() -> Peers {
+        let text = match std::env::var_os("REGBROKER_PEERS_FILE") {
+            Some(file) => std::fs::read_to_string(&file).unwrap_or_else(|e| {
+                panic!("REGBROKER_PEERS_FILE={}: {e}", Path::new(&file).display())
+            }),
+            None => {
+                let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/peers.sh");
+                let out = Command::new("bash")
+                    .arg(&script)
+                    .stderr(Stdio::inherit())
+                    .output()
+                    .expect("cannot run scripts/peers.sh");
+                assert!(
+                    out.status.success(),
+                    "scripts/peers.sh failed ({}); see its message above",
+                    out.status
+                );
+                String::from_utf8(out.stdout).unwrap()
+            }
+        };
+        Peers(
+            text.lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.trim().to_string(), PathBuf::from(v.trim())))
+                .collect(),
+        )
+    }
+
+    /// The path of peer `name`; panics naming it when it is missing.
+    pub fn get(&self, name: &str) -> &Path {
+        let p = self.0.get(name).unwrap_or_else(|| {
+            panic!("test peer `{name}` is not in scripts/peers.sh's output: {self:?}")
+        });
+        assert!(
+            p.exists(),
+            "test peer `{name}` at {} is missing",
+            p.display()
+        );
+        p
+    }
+}
+
+/// A running etcd + kube-apiserver pair.
+pub struct ControlPlane {
+    /// Where the store, certificates, kubeconfigs and logs live.
+    pub dir: PathBuf,
+    /// `https://127.0.0.1:PORT`.
+    pub server: String,
+    /// The CA that signed the API server's certificate.
+    pub ca_pem: String,
+    /// The admin's kubeconfig (token in `system:masters`).
+    pub admin_kubeconfig: PathBuf,
+    /// The service-account token issuer.
+    pub issuer: String,
+    /// How long start-up took, from spawning etcd to `/readyz` answering ok.
+    pub started_in: Duration,
+    pub peers: Peers,
+    admin_token: String,
+    _etcd: Tethered,
+    _apiserver: Tethered,
+}
+
+static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+static NAMES: AtomicUsize = AtomicUsize::new(0);
+
+impl ControlPlane {
+    /// The control plane of this test binary, started on first use.
+    pub fn shared() -> &'static ControlPlane {
+        SHARED.get_or_init(|| {
+            let cp = ControlPlane::start(Peers::find());
+            eprintln!(
+                "control plane: etcd + kube-apiserver ready at {} in {:.1} s",
+                cp.server,
+                cp.started_in.as_secs_f64()
+            );
+            cp
+        })
+    }
+
+    /// Starts etcd and kube-apiserver in a new temporary directory and waits until the API
+    /// server is ready. A port taken between choosing and binding it is retried.
+    pub fn start(peers: Peers) -> ControlPlane {
+        let mut last = String::new();
+        for _ in 0..3 {
+            match ControlPlane::try_start(peers.clone()) {
+                Ok(cp) => return cp,
+                Err(e) => {
+                    eprintln!("control plane: start failed, retrying: {e}");
+                    last = e;
+                }
+            }
+        }
+        panic!("control plane did not start: {last}");
+    }
+
+    fn try_start(peers: Peers) -> Result<ControlPlane, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("regbroker-control-plane-")
+            .tempdir()
+            .unwrap()
+            .keep();
+        let started = Instant::now();
+        let [client_port, peer_port, api_port] = free_ports();
+        let etcd_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let mut etcd = Tethered::spawn(
+            "etcd",
+            Command::new(peers.get("etcd"))
+                .arg(format!("--data-dir={}", dir.join("etcd").display()))
+                .arg(format!("--listen-client-urls={etcd_url}"))
+                .arg(format!("--advertise-client-urls={etcd_url}"))
+                .arg(format!("--listen-peer-urls={peer_url}"))
+                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                .arg(format!("--initial-cluster=default={peer_url}"))
+                .arg("--unsafe-no-fsync")
+                .arg("--log-level=warn"),
+            &dir,
+            Some(&dir),
+        );
+
+        let pki = Pki::generate();
+        let write = |name: &str, contents: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, contents).unwrap();
+            p
+        };
+        let ca = write("ca.crt", &pki.ca_pem);
+        let cert = write("apiserver.crt", &pki.server_cert_pem);
+        let key = write("apiserver.key", &pki.server_key_pem);
+        let sa_key = write("sa.key", &pki.sa_key_pem);
+        let sa_pub = write("sa.pub", &pki.sa_pub_pem);
+        let admin_token = random_token();
+        let tokens = write(
+            "tokens.csv",
+            &format!(
+                "{admin_token},regbroker-test-admin,regbroker-test-admin,\"system:masters\"\n"
+            ),
+        );
+        let server = format!("https://127.0.0.1:{api_port}");
+        let issuer = format!("{server}/regbroker-test");
+        let mut apiserver = Tethered::spawn(
+            "kube-apiserver",
+            Command::new(peers.get("kube-apiserver"))
+                .arg(format!("--etcd-servers={etcd_url}"))
+                .arg("--bind-address=127.0.0.1")
+                .arg("--advertise-address=127.0.0.1")
+                .arg(format!("--secure-port={api_port}"))
+                .arg(format!("--cert-dir={}", dir.join("certs").display()))
+                .arg(format!("--tls-cert-file={}", cert.display()))
+                .arg(format!("--tls-private-key-file={}", key.display()))
+                .arg(format!("--client-ca-file={}", ca.display()))
+                .arg(format!("--token-auth-file={}", tokens.display()))
+                .arg(format!("--service-account-issuer={issuer}"))
+                .arg(format!("--service-account-key-file={}", sa_pub.display()))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    sa_key.display()
+                ))
+                .arg("--authorization-mode=RBAC")
+                .arg("--service-cluster-ip-range=10.0.0.0/24")
+                .arg("--disable-admission-plugins=ServiceAccount")
+                // 1.37 refuses a loopback advertise address with the lease reconciler.
+                .arg("--endpoint-reconciler-type=none")
+                .arg("--allow-privileged=true")
+                .arg("--v=0"),
+            &dir,
+            None,
+        );
+        let admin_kubeconfig = dir.join("admin.kubeconfig");
+        write_kubeconfig(&admin_kubeconfig, &server, &pki.ca_pem, &admin_token);
+
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            for p in [&mut etcd, &mut apiserver] {
+                if let Some(status) = p.exited() {
+                    return Err(format!(
+                        "{} exited ({status}) before the API server was ready:\n{}",
+                        p.name,
+                        p.log_tail()
+                    ));
+                }
+            }
+            if readyz(&server, &pki.ca_pem, &admin_token) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "kube-apiserver not ready after 90 s:\n{}",
+                    apiserver.log_tail()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(ControlPlane {
+            dir,
+            server,
+            ca_pem: pki.ca_pem,
+            admin_kubeconfig,
+            issuer,
+            started_in: started.elapsed(),
+            peers,
+            admin_token,
+            _etcd: etcd,
+            _apiserver: apiserver,
+        })
+    }
+
+    /// A client acting as the admin.
+    pub fn admin(&self) -> kube::Client {
+        client(&self.server, &self.ca_pem, &self.admin_token)
+    }
+
+    /// Creates a namespace named `prefix-N` (unique in this binary and run) and returns
+    /// its name.
+    pub async fn namespace(&self, prefix: &str) -> String {
+        let name = format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            NAMES.fetch_add(1, Ordering::Relaxed)
+        );
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(self.admin())
+            .create(&PostParams::default(), &ns)
+            .await
+            .unwrap();
+        name
+    }
+
+    /// Creates ServiceAccount `namespace/name` (if absent) and returns a token for it from
+    /// TokenRequest, valid for an hour, for `audiences` (the API server's when empty).
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        audiences: &[&str],
+    ) -> String {
+        let api = Api::<ServiceAccount>::namespaced(self.admin(), namespace);
+        if api.get_opt(name).await.unwrap().is_none() {
+            let sa = ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            api.create(&PostParams::default(), &sa).await.unwrap();
+        }
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: audiences.iter().map(|a| a.to_string()).collect(),
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        api.create_token_request(name, &PostParams::default(), &request)
+            .await
+            .unwrap()
+            .status
+            .expect("TokenRequest answered without a status")
+            .token
+    }
+
+    /// A kubeconfig file (and a client) for ServiceAccount `namespace/name`, as a pod
+    /// running as it would authenticate.
+    pub async fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
+        let token = self.service_account_token(namespace, name, &[]).await;
+        let path = self.dir.join(format!("sa-{namespace}-{name}.kubeconfig"));
+        write_kubeconfig(&path, &self.server, &self.ca_pem, &token);
+        path
+    }
+
+    /// A client acting as ServiceAccount `namespace/name`.
+    pub async fn service_account_client(&self, namespace: &str, name: &str) -> kube::Client {
+        let token = self.service_account_token(namespace, name, &[]).await;
+        client(&self.server, &self.ca_pem, &token)
+    }
+
+    /// Runs the peer `kubectl` as the admin with `args`, `stdin` piped in; returns
+    /// (success, stdout, stderr).
+    pub fn kubectl(&self, args: &[&str], stdin: &str) -> (bool, String, String) {
+        let mut child = Command::new(self.peers.get("kubectl"))
+            .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot run kubectl");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Applies `yaml` (server-side apply, as the admin); panics with kubectl's message on
+    /// failure.
+    pub fn apply(&self, yaml: &str) {
+        let (ok, out, err) = self.kubectl(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=regbroker-test",
+                "-f",
+                "-",
+            ],
+            yaml,
+        );
+        assert!(ok, "kubectl apply failed:\n{err}\n{out}\n---\n{yaml}");
+    }
+}
+
+/// Writes a kubeconfig for `server` that trusts `ca_pem` and presents `token`.
+fn write_kubeconfig(path: &Path, server: &str, ca_pem: &str, token: &str) {
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {"server": server, "certificate-authority-data": ca}}],
+        "users": [{"name": "test", "user": {"token": token}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        "current-context": "test",
+    });
+    // JSON is YAML: kubectl, kube-rs and client-go all read it.
+    std::fs::write(path, doc.to_string()).unwrap();
+}
+
+fn client(server: &str, ca_pem: &str, token: &str) -> kube::Client {
+    let mut config = kube::Config::new(server.parse().unwrap());
+    config.root_cert = Some(vec![pem_to_der(ca_pem)]);
+    config.auth_info.token = Some(token.to_string().into());
+    config.connect_timeout = Some(Duration::from_secs(5));
+    config.read_timeout = Some(Duration::from_secs(30));
+    kube::Client::try_from(config).unwrap()
+}
+
+fn pem_to_der(pem: &str) -> Vec<u8> {
+    let body: String = pem
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect::<Vec<_>>()
+        .concat();
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
+}
+
+/// One `GET /readyz` on a runtime of its own (the fixture may start inside or outside
+/// a test's runtime).
+fn readyz(server: &str, ca_pem: &str, token: &str) -> bool {
+    let (server, ca_pem, token) = (server.to_string(), ca_pem.to_string(), token.to_string());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let c = client(&server, &ca_pem, &token);
+            let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
+            matches!(
+                tokio::time::timeout(Duration::from_secs(2), c.request_text(req)).await,
+                Ok(Ok(body)) if body.trim() == "ok"
+            )
+        })
+    })
+    .join()
+    .unwrap_or(false)
+}
+
+fn random_token() -> String {
+    (0..32)
+        .map(|_| fastrand::alphanumeric())
+        .collect::<String>()
+}
+
+/// Three distinct free loopback ports. Between choosing and binding another process may
+/// take one; [`ControlPlane::start`] then retries with new ones.
+fn free_ports() -> [u16; 3] {
+    let listeners: Vec<_> = (0..3)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    let port = |i: usize| listeners[i].local_addr().unwrap().port();
+    [port(0), port(1), port(2)]
+}
+
+/// The test CA, the API server's certificate and the service-account signing key.
+struct Pki {
+    ca_pem: String,
+    server_cert_pem: String,
+    server_key_pem: String,
+    sa_key_pem: String,
+    sa_pub_pem: String,
+}
+
+impl Pki {
+    fn generate() -> Pki {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+        };
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "regbroker test control plane CA");
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let server_key = KeyPair::generate().unwrap();
+        let mut server_params =
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        server_params
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
+        let server_cert = server_params.signed_by(&server_key, &issuer).unwrap();
+        let sa_key = KeyPair::generate().unwrap();
+        Pki {
+            ca_pem: ca_cert.pem(),
+            server_cert_pem: server_cert.pem(),
+            server_key_pem: server_key.serialize_pem(),
+            sa_key_pem: sa_key.serialize_pem(),
+            sa_pub_pem: sa_key.public_key_pem(),
+        }
+    }
+}
+
+/// A peer process that dies with this test binary: it runs under `sh`, which waits for
+/// EOF on its stdin (our end of a pipe, closed when this process exits for any reason)
+/// and then kills it.
+pub struct Tethered {
+    pub name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Tethered {
+    /// Starts `command` with its output in `dir/NAME.log`. With `cleanup`, that
+    /// directory is removed once the process has been killed.
+    pub fn spawn(
+        name: &'static str,
+        command: &mut Command,
+        dir: &Path,
+        cleanup: Option<&Path>,
+    ) -> Tethered {
+        let log = dir.join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).unwrap();
+        let program = command.get_program().to_owned();
+        let args: Vec<_> = command.get_args().map(|a| a.to_owned()).collect();
+        let child = Command::new("sh")
+            .arg("-c")
+            // A background list's stdin is /dev/null unless redirected: the watcher
+            // reads the pipe through fd 3. When the peer exits first, so does `sh`.
+            .arg(concat!(
+                r#"exec 3<&0; "$@" </dev/null & child=$!; "#,
+                r#"{ read -r _ <&3; kill -9 "$child"; [ -z "$CLEANUP" ] || rm -rf "$CLEANUP"; } & "#,
+                r#"wait "$child""#
+            ))
+            .arg("tether")
+            .arg(program)
+            .args(args)
+            .env("CLEANUP", cleanup.map(Path::as_os_str).unwrap_or_default())
+            .stdin(Stdio::piped())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        Tethered { name, child, log }
+    }
+
+    /// The exit status, once the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// The last lines the process logged.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
