@@ -20,11 +20,11 @@ use axum::http::{Request, StatusCode};
 use criterion::{Criterion, criterion_group, criterion_main};
 use regbroker::broker::Broker;
 use regbroker::broker::cache::{Cache, Key};
-use regbroker::metrics::Metrics;
 use regbroker::broker::providers::Providers;
 use regbroker::broker::routing::Pattern;
-use regbroker::server::{self, AppState};
 use regbroker::broker::static_secret;
+use regbroker::metrics::Metrics;
+use regbroker::server::{self, AppState};
 use regbroker_provider::{Credential, ManualClock, Provider, Registry, SharedClock};
 use tower::ServiceExt;
 

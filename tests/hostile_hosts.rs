@@ -13,10 +13,10 @@
 
 use std::sync::Arc;
 
-use regbroker::broker::{Broker, BrokerError, Reason, Route};
-use regbroker::metrics::Metrics;
 use regbroker::broker::providers::Providers;
 use regbroker::broker::static_secret;
+use regbroker::broker::{Broker, BrokerError, Reason, Route};
+use regbroker::metrics::Metrics;
 use regbroker_provider::{ExposeSecret, Registry, system_clock};
 
 /// Builds a broker with the real providers, `rules` (TOML) and a docker config.

@@ -18,8 +18,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use regbroker::oneshot::backend::Settings;
 use regbroker::broker::routing::Pattern;
+use regbroker::oneshot::backend::Settings;
 use regbroker_provider::{
     BoxFuture, Credential, Error, Options, Provider, Registry, Target, system_clock,
 };
@@ -419,8 +419,9 @@ fn http() -> &'static Http {
             format!(r#"{{"auths":{{"{STATIC_HOST}":{{"username":"u","password":"fuzz-pw"}}}}}}"#),
         )
         .expect("a temporary docker config");
-        let statics = regbroker::broker::static_secret::Store::open(vec![path.clone()], metrics.clone())
-            .expect("the docker config loads");
+        let statics =
+            regbroker::broker::static_secret::Store::open(vec![path.clone()], metrics.clone())
+                .expect("the docker config loads");
         let _ = std::fs::remove_file(&path);
         let broker = regbroker::broker::Broker::new(
             Arc::new(statics),
