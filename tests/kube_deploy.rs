@@ -1,0 +1,157 @@
+//! Everything `deploy/` ships is accepted by a real kube-apiserver (tests/control_plane)
+//! with a server-side dry run, Flux's CRDs installed: every kustomize output
+//! (`kubectl kustomize`) and every rendering of the Helm chart (`helm template` with its
+//! defaults, each `ci/` values file, and the sidecar shape). The API server applies its
+//! own validation, defaulting and admission, which no offline schema check reproduces.
+//!
+//! Needs kube-apiserver, etcd, kubectl, helm and the source-controller CRDs from
+//! scripts/peers.sh: ignored by plain `cargo test`, run by scripts/test.sh.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod control_plane;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use control_plane::ControlPlane;
+
+fn deploy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")
+}
+
+fn run(program: &Path, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed:\n{}",
+        program.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Server-side dry run of `yaml` as the admin; panics with the API server's answer. A
+/// dry run creates no namespace, so the namespaces `yaml` names are created for real.
+fn dry_run(cp: &ControlPlane, what: &str, yaml: &str) -> usize {
+    let namespaces: std::collections::BTreeSet<&str> = yaml
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("namespace: "))
+        .map(|n| n.trim().trim_matches('"'))
+        .collect();
+    for ns in namespaces {
+        let (ok, _, err) = cp.kubectl(&["create", "namespace", ns], "");
+        assert!(ok || err.contains("AlreadyExists"), "{err}");
+    }
+    let (ok, out, err) = cp.kubectl(
+        &[
+            "apply",
+            "--dry-run=server",
+            "--server-side",
+            "--field-manager=regbroker-test",
+            "-f",
+            "-",
+        ],
+        yaml,
+    );
+    assert!(ok, "{what}: the API server refused it:\n{err}\n{out}");
+    let accepted = out
+        .lines()
+        .filter(|l| l.contains("(server dry run)"))
+        .count();
+    assert!(accepted > 0, "{what}: nothing applied:\n{out}");
+    accepted
+}
+
+#[test]
+#[ignore = "needs etcd, kube-apiserver, kubectl, helm and Flux's CRDs from scripts/peers.sh; run scripts/test.sh"]
+fn every_manifest_and_chart_rendering_passes_a_server_side_dry_run() {
+    let cp = ControlPlane::shared();
+    // Flux's CRDs, from the source-controller module scripts/peers.sh built.
+    let crds = cp.peers.get("source-controller-crds").to_path_buf();
+    let (ok, _, err) = cp.kubectl(
+        &[
+            "apply",
+            "--server-side",
+            "-f",
+            crds.to_str().unwrap(),
+            "--selector=",
+        ],
+        "",
+    );
+    assert!(ok, "installing Flux's CRDs: {err}");
+    let (ok, _, err) = cp.kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/helmrepositories.source.toolkit.fluxcd.io",
+            "crd/ocirepositories.source.toolkit.fluxcd.io",
+        ],
+        "",
+    );
+    assert!(ok, "Flux's CRDs not established: {err}");
+    // deploy/standalone's consumer namespace, which its README says must exist.
+    let (ok, _, err) = cp.kubectl(&["create", "namespace", "apps"], "");
+    assert!(ok, "{err}");
+
+    let kubectl = cp.peers.get("kubectl").to_path_buf();
+    let mut accepted = 0;
+
+    // The standalone kustomization, as users apply it.
+    let standalone = run(
+        &kubectl,
+        &["kustomize", deploy().join("standalone").to_str().unwrap()],
+    );
+    accepted += dry_run(cp, "deploy/standalone", &standalone);
+
+    // The Flux sidecar kustomization, with the trimmed source-controller stand-in in
+    // place of Flux's own gotk-components.yaml (which a user's bootstrap provides).
+    let flux = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(deploy().join("flux")).unwrap() {
+        let p = entry.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, flux.path().join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::copy(
+        deploy().join("flux/testdata/source-controller.yaml"),
+        flux.path().join("gotk-components.yaml"),
+    )
+    .unwrap();
+    std::fs::write(flux.path().join("gotk-sync.yaml"), "").unwrap();
+    let flux_out = run(&kubectl, &["kustomize", flux.path().to_str().unwrap()]);
+    assert!(flux_out.contains("kind: HelmRepository"), "{flux_out}");
+    accepted += dry_run(cp, "deploy/flux", &flux_out);
+
+    // The e2e runner pod.
+    let runner = std::fs::read_to_string(deploy().join("e2e/runner.yaml")).unwrap();
+    accepted += dry_run(cp, "deploy/e2e/runner.yaml", &runner);
+
+    // The Helm chart: defaults, the sidecar shape, and every ci/ values file.
+    let helm = cp.peers.get("helm").to_path_buf();
+    let chart = deploy().join("chart/regbroker");
+    let chart = chart.to_str().unwrap();
+    let mut renderings: Vec<(String, Vec<String>)> = vec![
+        ("chart defaults".into(), vec![]),
+        (
+            "chart sidecar shape".into(),
+            vec!["--set".into(), "mode=sourceControllerSidecar".into()],
+        ),
+    ];
+    for entry in std::fs::read_dir(deploy().join("chart/regbroker/ci")).unwrap() {
+        let p = entry.unwrap().path();
+        renderings.push((
+            format!("chart with {}", p.file_name().unwrap().to_string_lossy()),
+            vec!["-f".into(), p.to_str().unwrap().into()],
+        ));
+    }
+    assert!(renderings.len() >= 4, "ci/ values files are missing");
+    for (what, extra) in &renderings {
+        let mut args = vec!["template", "regbroker", chart, "--namespace", "regbroker"];
+        args.extend(extra.iter().map(String::as_str));
+        let rendered = run(&helm, &args);
+        accepted += dry_run(cp, what, &rendered);
+    }
+    eprintln!("server-side dry run accepted {accepted} objects");
+}
