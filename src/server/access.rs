@@ -11,7 +11,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use regbroker_provider::{ExposeSecret, SecretString};
 
-use super::{AppError, Listen};
+use super::error::AppError;
+use super::listen::Listen;
 
 /// Constant-time check of `Authorization: Bearer <token>` (the length is not hidden).
 pub(super) async fn require_token(

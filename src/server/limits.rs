@@ -11,7 +11,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::sync::Semaphore;
 
-use super::AppError;
+use super::error::AppError;
 
 /// Per-connection limits, enforced by hyper.
 #[derive(Clone, Copy, Debug)]

@@ -7,9 +7,9 @@
 //! - `GET /healthz` (alive), `GET /readyz` (configuration and static secrets loaded),
 //!   `GET /metrics` (Prometheus text).
 //!
-//! This module holds the router, the handlers and the error-to-status mapping;
-//! [`access`] decides who may ask, [`limits`] how much at once, and [`listen`] binds TCP
-//! or unix sockets and serves them.
+//! This module holds the router and the handlers; [`AppError`] is the error answer and
+//! its status mapping; [`access`] decides who may ask, [`limits`] how much at once, and
+//! [`listen`] binds TCP or unix sockets and serves them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,19 +20,21 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use regbroker_provider::{ErrorKind, ExposeSecret, Registry, SecretString};
-use serde_json::json;
+use regbroker_provider::{ExposeSecret, Registry, SecretString};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
 pub mod access;
+mod error;
 pub mod limits;
 pub mod listen;
+
+pub use error::AppError;
 
 pub use limits::ConnLimits;
 pub use listen::{Bound, Listen};
 
-use crate::broker::{Broker, BrokerError};
+use crate::broker::Broker;
 use crate::metrics::Metrics;
 use access::require_token;
 use limits::{Guard, limit};
@@ -134,55 +136,6 @@ async fn count_requests(State(state): State<AppState>, req: Request, next: Next)
         .metrics
         .http_request(route, response.status().as_u16());
     response
-}
-
-/// An error answered to the client.
-#[derive(Debug)]
-pub struct AppError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-impl AppError {
-    fn bad_request(message: impl Into<String>) -> AppError {
-        AppError {
-            status: StatusCode::BAD_REQUEST,
-            code: "invalid_request",
-            message: message.into(),
-        }
-    }
-}
-
-impl IntoResponse for AppError {
-    fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
-        let mut res = (self.status, axum::Json(body)).into_response();
-        res.headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        res
-    }
-}
-
-impl From<BrokerError> for AppError {
-    fn from(e: BrokerError) -> AppError {
-        let kind = e.kind();
-        let status = match kind {
-            ErrorKind::NotConfigured => StatusCode::NOT_FOUND,
-            ErrorKind::IdentityMissing | ErrorKind::IdentityRejected => StatusCode::FORBIDDEN,
-            ErrorKind::Throttled | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorKind::TimedOut => StatusCode::GATEWAY_TIMEOUT,
-            ErrorKind::BadResponse => StatusCode::BAD_GATEWAY,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        // Provider messages are written to be safe for clients; the cause chain, which
-        // may quote upstream detail, goes only to the log (by the broker).
-        AppError {
-            status,
-            code: kind.code(),
-            message: e.to_string(),
-        }
-    }
 }
 
 async fn credentials(
