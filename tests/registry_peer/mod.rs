@@ -1,0 +1,255 @@
+//! A real OCI registry for the tests: the distribution registry (Debian `docker-registry`)
+//! on a free loopback port, with htpasswd auth (`htpasswd` from Debian `apache2-utils`)
+//! or anonymous, storing into a temporary directory that goes with it.
+//!
+//! Shared by the test binaries that drive real clients (`tests/helm_cli.rs`, and
+//! `tests/clients.rs` once it switches over): `mod registry_peer;` then
+//! `registry_peer::Registry::start_with(Some((USER, PASSWORD)))`. The tests using it are
+//! `#[ignore]`d with the peers they need, so plain `cargo test` lists them as ignored and
+//! `scripts/test.sh` (which installs the peers) runs them; a peer missing from PATH when a
+//! test runs is a panic naming the peer and how to install it, never a silent pass.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The user [`Registry::start`] accepts (htpasswd), unless anonymous.
+pub const USER: &str = "testuser";
+/// That user's password.
+pub const PASSWORD: &str = "registry-password-1";
+
+/// The path of the test peer `name` on PATH; panics naming it and how to install it when
+/// it is missing (the tests that call this are ignored unless asked for).
+pub fn peer(name: &str, install: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "test peer `{name}` is not on PATH; install it with `{install}`, \
+                 or run `bash scripts/test.sh`, which installs every peer"
+            )
+        })
+}
+
+/// A loopback port nobody listened on a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The status code of a plain unauthenticated `GET path` to `host` (`127.0.0.1:PORT`);
+/// 0 when the connection fails or the answer is not HTTP.
+pub fn http_status(host: &str, path: &str) -> u16 {
+    let Ok(mut stream) = std::net::TcpStream::connect(host) else {
+        return 0;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    if write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return 0;
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A distribution registry on loopback; with htpasswd auth unless anonymous. Stopped
+/// (killed) when dropped, and its storage removed.
+pub struct Registry {
+    /// `127.0.0.1:PORT`: the registry's name as clients write it.
+    pub host: String,
+    _process: Emulator,
+}
+
+impl Registry {
+    /// With [`USER`]/[`PASSWORD`] in its htpasswd, or anonymous.
+    pub fn start(anonymous: bool) -> Registry {
+        Registry::start_with(if anonymous {
+            None
+        } else {
+            Some((USER, PASSWORD))
+        })
+    }
+
+    /// With exactly this user and password in its htpasswd, or anonymous (`None`). A port
+    /// taken between choosing and binding it is retried with another.
+    pub fn start_with(auth: Option<(&str, &str)>) -> Registry {
+        let bin = peer("docker-registry", "apt-get install docker-registry");
+        let htpasswd = auth.map(|_| peer("htpasswd", "apt-get install apache2-utils"));
+        let mut last = String::new();
+        for _ in 0..3 {
+            let dir = tempfile::tempdir().unwrap();
+            let port = free_port();
+            let mut config = format!(
+                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                dir.path().join("data").display()
+            );
+            if let (Some((user, password)), Some(htpasswd)) = (auth, &htpasswd) {
+                let out = Command::new(htpasswd)
+                    .args(["-Bbn", user, password])
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "htpasswd failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                std::fs::write(dir.path().join("htpasswd"), &out.stdout).unwrap();
+                config.push_str(&format!(
+                    "auth:\n  htpasswd:\n    realm: regbroker-test\n    path: {}\n",
+                    dir.path().join("htpasswd").display()
+                ));
+            }
+            std::fs::write(dir.path().join("config.yml"), config).unwrap();
+            let config = dir.path().join("config.yml").display().to_string();
+            // The registry answers /v2/ with 401 when it wants credentials, 200 otherwise.
+            match Emulator::try_spawn(
+                &bin,
+                &["serve", &config],
+                dir,
+                port,
+                "/v2/",
+                &[200, 401],
+                &[],
+            ) {
+                Ok(process) => {
+                    return Registry {
+                        host: process.addr.clone(),
+                        _process: process,
+                    };
+                }
+                Err(e) => {
+                    eprintln!("registry: start failed, retrying: {e}");
+                    last = e;
+                }
+            }
+        }
+        panic!("the distribution registry did not start: {last}");
+    }
+}
+
+/// A third-party server process (the registry; emulators such as moto or gcplocal) on a
+/// loopback port, in a directory of its own; killed when dropped. Its stderr goes to
+/// `stderr.log` in that directory and is quoted when it fails to start.
+pub struct Emulator {
+    child: Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    cwd: tempfile::TempDir,
+}
+
+impl Emulator {
+    /// Starts `bin ARGS` (with `PORT` in ARGS replaced by a free port) in a fresh
+    /// directory and waits until `ready_path` answers 200.
+    pub fn start(bin: &Path, args: &[&str], ready_path: &str, env: &[(&str, &str)]) -> Emulator {
+        let port = free_port();
+        let port_s = port.to_string();
+        let args: Vec<&str> = args
+            .iter()
+            .map(|a| if *a == "PORT" { port_s.as_str() } else { a })
+            .collect();
+        let cwd = tempfile::tempdir().unwrap();
+        Emulator::spawn(bin, &args, cwd, port, ready_path, &[200], env)
+    }
+
+    /// Starts `bin ARGS` in `cwd`, listening on `port`, and waits until `ready_path`
+    /// answers one of `ready`; panics when it does not.
+    pub fn spawn(
+        bin: &Path,
+        args: &[&str],
+        cwd: tempfile::TempDir,
+        port: u16,
+        ready_path: &str,
+        ready: &[u16],
+        env: &[(&str, &str)],
+    ) -> Emulator {
+        Emulator::try_spawn(bin, args, cwd, port, ready_path, ready, env)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// As [`Emulator::spawn`], but a process that exits or never gets ready (within 30 s)
+    /// is an error quoting its stderr.
+    pub fn try_spawn(
+        bin: &Path,
+        args: &[&str],
+        cwd: tempfile::TempDir,
+        port: u16,
+        ready_path: &str,
+        ready: &[u16],
+        env: &[(&str, &str)],
+    ) -> Result<Emulator, String> {
+        let log = std::fs::File::create(cwd.path().join("stderr.log")).unwrap();
+        let child = Command::new(bin)
+            .args(args)
+            .envs(env.iter().copied())
+            .current_dir(cwd.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
+        let mut emulator = Emulator {
+            child,
+            addr: format!("127.0.0.1:{port}"),
+            cwd,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // Checked again after a ready answer: that answer may come from whoever took
+            // the port first, while this process fails to bind it and exits.
+            let answered = ready.contains(&http_status(&emulator.addr, ready_path));
+            if let Some(status) = emulator.child.try_wait().unwrap() {
+                return Err(format!(
+                    "{} exited ({status}) before answering {ready_path} on {}: {}",
+                    bin.display(),
+                    emulator.addr,
+                    emulator.stderr()
+                ));
+            }
+            if answered {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} did not answer {ready_path} on {} with one of {ready:?} within 30 s: {}",
+                    bin.display(),
+                    emulator.addr,
+                    emulator.stderr()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(emulator)
+    }
+
+    /// What the process wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.cwd.path().join("stderr.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
