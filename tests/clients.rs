@@ -3,8 +3,11 @@
 //! Peers, none written here: the distribution registry (Debian `docker-registry`) with
 //! htpasswd auth (`apache2-utils`), skopeo (Debian), the oras Python client (PyPI
 //! `oras`), and the AWS reference helper `docker-credential-ecr-login` (Debian
-//! `amazon-ecr-credential-helper`). Each test skips with a message when a peer is missing,
-//! unless `REGBROKER_TEST_REQUIRE_PEERS=1` (set by `.ci/run`), where it fails instead.
+//! `amazon-ecr-credential-helper`), plus the emulators gcplocal and moto (PyPI). Every test
+//! here needs one of them, so each is `#[ignore]`d with the peers it needs: plain
+//! `cargo test` lists them as ignored, and `scripts/test.sh` (which installs the peers)
+//! runs them with `--include-ignored`. A peer missing from PATH when a test runs is a
+//! failure naming the peer, never a silent pass.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -23,20 +26,21 @@ const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 const USER: &str = "testuser";
 const PASSWORD: &str = "registry-password-1";
 
-/// The path of `name` on PATH, or `None` (skip) / panic (when peers are required).
-fn peer(name: &str, install: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        if std::env::var("REGBROKER_TEST_REQUIRE_PEERS").as_deref() == Ok("1") {
-            panic!("test peer `{name}` is missing: {install}");
-        }
-        eprintln!("SKIP: test peer `{name}` is missing ({install})");
-    }
-    found
+/// The path of the test peer `name` on PATH; panics naming it and how to install it when
+/// it is missing (the tests that call this are ignored unless asked for).
+fn peer(name: &str, install: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "test peer `{name}` is not on PATH; install it with `{install}`, \
+                 or run `bash scripts/test.sh`, which installs every peer"
+            )
+        })
 }
 
 fn free_port() -> u16 {
@@ -54,7 +58,7 @@ struct Registry {
 }
 
 impl Registry {
-    fn start(anonymous: bool) -> Option<Registry> {
+    fn start(anonymous: bool) -> Registry {
         Registry::start_with(if anonymous {
             None
         } else {
@@ -62,8 +66,8 @@ impl Registry {
         })
     }
 
-    fn start_with(auth: Option<(&str, &str)>) -> Option<Registry> {
-        let bin = peer("docker-registry", "apt-get install docker-registry")?;
+    fn start_with(auth: Option<(&str, &str)>) -> Registry {
+        let bin = peer("docker-registry", "apt-get install docker-registry");
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let mut config = format!(
@@ -71,7 +75,7 @@ impl Registry {
             dir.path().join("data").display()
         );
         if let Some((user, password)) = auth {
-            let htpasswd = peer("htpasswd", "apt-get install apache2-utils")?;
+            let htpasswd = peer("htpasswd", "apt-get install apache2-utils");
             let out = Command::new(htpasswd)
                 .args(["-Bbn", user, password])
                 .output()
@@ -95,10 +99,10 @@ impl Registry {
             &[200, 401],
             &[],
         );
-        Some(Registry {
+        Registry {
             host: process.addr.clone(),
             _process: process,
-        })
+        }
     }
 }
 
@@ -264,13 +268,10 @@ fn cred_helpers_authfile(dir: &Path, hosts: &[&str]) -> PathBuf {
 }
 
 #[test]
+#[ignore = "needs skopeo, docker-registry, htpasswd: run scripts/test.sh"]
 fn skopeo_copies_through_the_helper_in_process_and_via_the_sidecar() {
-    if peer("skopeo", "apt-get install skopeo").is_none() {
-        return;
-    }
-    let Some(reg) = Registry::start(false) else {
-        return;
-    };
+    peer("skopeo", "apt-get install skopeo");
+    let reg = Registry::start(false);
     let dir = tempfile::tempdir().unwrap();
     let bin = helper_dir(dir.path());
     let authfile = cred_helpers_authfile(dir.path(), &[&reg.host]);
@@ -341,13 +342,10 @@ fn skopeo_copies_through_the_helper_in_process_and_via_the_sidecar() {
 }
 
 #[test]
+#[ignore = "needs skopeo, docker-registry: run scripts/test.sh"]
 fn skopeo_goes_anonymous_when_the_helper_has_nothing() {
-    if peer("skopeo", "apt-get install skopeo").is_none() {
-        return;
-    }
-    let Some(reg) = Registry::start(true) else {
-        return;
-    };
+    peer("skopeo", "apt-get install skopeo");
+    let reg = Registry::start(true);
     let dir = tempfile::tempdir().unwrap();
     let bin = helper_dir(dir.path());
     let authfile = cred_helpers_authfile(dir.path(), &[&reg.host]);
@@ -383,25 +381,21 @@ fn skopeo_goes_anonymous_when_the_helper_has_nothing() {
 }
 
 #[test]
+#[ignore = "needs python3, oras (PyPI), docker-registry, htpasswd: run scripts/test.sh"]
 fn oras_pushes_and_pulls_with_the_docker_config_sink() {
-    let Some(python) = peer("python3", "install Python 3") else {
-        return;
-    };
+    let python = peer("python3", "apt-get install python3");
     let has_oras = Command::new(&python)
         .args(["-c", "import oras.client"])
         .status()
         .unwrap()
         .success();
-    if !has_oras {
-        if std::env::var("REGBROKER_TEST_REQUIRE_PEERS").as_deref() == Ok("1") {
-            panic!("the oras Python client is missing: pip install oras");
-        }
-        eprintln!("SKIP: the oras Python client is missing (pip install oras)");
-        return;
-    }
-    let Some(reg) = Registry::start(false) else {
-        return;
-    };
+    assert!(
+        has_oras,
+        "test peer `oras` (the Python client) is missing from {}; install it with \
+         `pip install oras`, or run `bash scripts/test.sh`, which installs every peer",
+        python.display()
+    );
+    let reg = Registry::start(false);
     let dir = tempfile::tempdir().unwrap();
     let good = static_config(dir.path(), &reg.host, PASSWORD);
     let sink = dir.path().join("docker").join("config.json");
@@ -464,13 +458,12 @@ print(open(files[0]).read())
 }
 
 #[test]
+#[ignore = "needs docker-credential-ecr-login: run scripts/test.sh"]
 fn helper_agrees_with_the_reference_ecr_helper_where_it_should() {
-    let Some(reference) = peer(
+    let reference = peer(
         "docker-credential-ecr-login",
         "apt-get install amazon-ecr-credential-helper",
-    ) else {
-        return;
-    };
+    );
     let dir = tempfile::tempdir().unwrap();
     let bin = helper_dir(dir.path());
     let ours = bin.join("docker-credential-regbroker");
@@ -598,14 +591,14 @@ impl Drop for Emulator {
 const GCPLOCAL_TOKEN: &str = "ya29.gcplocal-mock-token";
 const METADATA_TOKEN_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
 
-fn gcplocal() -> Option<Emulator> {
-    let bin = peer("gcplocal", "pip install gcplocal")?;
-    Some(Emulator::start(
+fn gcplocal() -> Emulator {
+    let bin = peer("gcplocal", "pip install gcplocal");
+    Emulator::start(
         &bin,
         &["start", "--host", "127.0.0.1", "--port", "PORT"],
         METADATA_TOKEN_PATH,
         &[],
-    ))
+    )
 }
 
 /// Runs the regbroker binary with exactly `env` (plus PATH).
@@ -626,8 +619,9 @@ fn regbroker(args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> (Option<i32>,
 }
 
 #[test]
+#[ignore = "needs gcplocal: run scripts/test.sh"]
 fn resolve_artifact_registry_against_gcplocal() {
-    let Some(meta) = gcplocal() else { return };
+    let meta = gcplocal();
     let (code, out, err) = regbroker(
         &["resolve", "europe-west1-docker.pkg.dev", "--show-secret"],
         &[("GCE_METADATA_HOST", &meta.addr)],
@@ -644,10 +638,9 @@ fn resolve_artifact_registry_against_gcplocal() {
 }
 
 #[test]
+#[ignore = "needs moto_server: run scripts/test.sh"]
 fn resolve_and_serve_ecr_against_moto() {
-    let Some(bin) = peer("moto_server", "pip install 'moto[server]'") else {
-        return;
-    };
+    let bin = peer("moto_server", "pip install 'moto[server]'");
     // moto computes its fixed 2015 expiry in local time: pin the zone.
     let moto = Emulator::start(
         &bin,
@@ -701,14 +694,11 @@ fn resolve_and_serve_ecr_against_moto() {
 /// helper protocol carry it, skopeo uses it, and the registry accepts it because its
 /// htpasswd holds `oauth2accesstoken` with that token.
 #[test]
+#[ignore = "needs skopeo, gcplocal, docker-registry, htpasswd: run scripts/test.sh"]
 fn skopeo_and_kubelet_through_a_cloud_identity_from_gcplocal() {
-    if peer("skopeo", "apt-get install skopeo").is_none() {
-        return;
-    }
-    let Some(meta) = gcplocal() else { return };
-    let Some(reg) = Registry::start_with(Some(("oauth2accesstoken", GCPLOCAL_TOKEN))) else {
-        return;
-    };
+    peer("skopeo", "apt-get install skopeo");
+    let meta = gcplocal();
+    let reg = Registry::start_with(Some(("oauth2accesstoken", GCPLOCAL_TOKEN)));
     let dir = tempfile::tempdir().unwrap();
     let bin = helper_dir(dir.path());
     let authfile = cred_helpers_authfile(dir.path(), &[&reg.host]);

@@ -5,6 +5,9 @@
 //! registry (`<account>.dkr.ecr.<region>.amazonaws.com` or `public.ecr.aws`);
 //! `REGBROKER_E2E_ROLE_ARN` (optional) also checks the `role_arn` rule option. The
 //! identity comes from the pod's environment through aws-config's default chain.
+//!
+//! `#[ignore]`d in every mode (plain `cargo test` and `scripts/test.sh`, which skips
+//! `e2e_real_cloud_*`): run it with `--ignored`. Run without its env vars, it fails.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,13 +17,14 @@ use regbroker_aws::AwsProvider;
 use regbroker_provider::{ExposeSecret, Options, Provider, Registry, system_clock};
 
 #[tokio::test]
-async fn real_ecr_credential_is_fetched_on_eks() {
-    if std::env::var("REGBROKER_E2E_EKS").as_deref() != Ok("1") {
-        eprintln!(
-            "SKIP: set REGBROKER_E2E_EKS=1 and REGBROKER_E2E_ECR_REGISTRY=<host> to run the EKS end-to-end test (see providers/aws/README.md)"
-        );
-        return;
-    }
+#[ignore = "real cloud: set REGBROKER_E2E_EKS=1 and REGBROKER_E2E_ECR_REGISTRY (see deploy/e2e/README.md)"]
+async fn e2e_real_cloud_ecr_credential_is_fetched_on_eks() {
+    assert_eq!(
+        std::env::var("REGBROKER_E2E_EKS").as_deref(),
+        Ok("1"),
+        "this real-cloud test needs REGBROKER_E2E_EKS=1 and REGBROKER_E2E_ECR_REGISTRY=<host>, \
+         in a pod on EKS (see providers/aws/README.md)"
+    );
     let host = std::env::var("REGBROKER_E2E_ECR_REGISTRY")
         .expect("REGBROKER_E2E_ECR_REGISTRY=<account>.dkr.ecr.<region>.amazonaws.com is required");
     let registry = Registry::parse(&host).unwrap();

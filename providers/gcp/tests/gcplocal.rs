@@ -6,8 +6,9 @@
 //! that the provider speaks the wire format of a peer nobody here wrote. The checks
 //! gcplocal does not make are covered by the fakes in tests/fakes.rs.
 //!
-//! Needs `gcplocal` on PATH (`pip install gcplocal`). Skipped with a message when it is
-//! missing, unless `REGBROKER_TEST_REQUIRE_PEERS=1`, which makes a missing peer a failure.
+//! Needs `gcplocal` on PATH (`pip install gcplocal`): every test here is `#[ignore]`d, so
+//! plain `cargo test` lists them as ignored; `scripts/test.sh` installs gcplocal and runs
+//! them, and a missing gcplocal is then a failure, never a silent pass.
 
 #![allow(clippy::unwrap_used)]
 
@@ -37,24 +38,25 @@ impl Drop for Gcplocal {
     }
 }
 
-fn find_on_path(name: &str) -> Option<std::path::PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+/// The path of the test peer `name` on PATH; panics naming it and how to install it.
+fn require_peer(name: &str, install: &str) -> std::path::PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "test peer `{name}` is not on PATH; install it with `{install}`, \
+                 or run `bash scripts/test.sh`, which installs every peer"
+            )
+        })
 }
 
-/// Starts gcplocal on a free loopback port, or says why not (`None`: skip).
-async fn start() -> Option<Gcplocal> {
-    let Some(bin) = find_on_path("gcplocal") else {
-        let msg =
-            "gcplocal not found on PATH; install it with `pip install gcplocal` (in the CI venv)";
-        if std::env::var("REGBROKER_TEST_REQUIRE_PEERS").as_deref() == Ok("1") {
-            panic!("{msg}");
-        }
-        eprintln!("SKIP: {msg}");
-        return None;
-    };
+/// Starts gcplocal on a free loopback port; panics naming the peer when it is missing.
+async fn start() -> Gcplocal {
+    let bin = require_peer("gcplocal", "pip install gcplocal");
     let port = closed_port();
     let cwd = tempfile::tempdir().unwrap();
     let child = tokio::process::Command::new(bin)
@@ -83,7 +85,7 @@ async fn start() -> Option<Gcplocal> {
         if let Ok(r) = client.get(&url).send().await
             && r.status().is_success()
         {
-            return Some(server);
+            return server;
         }
         assert!(
             Instant::now() < deadline,
@@ -95,8 +97,9 @@ async fn start() -> Option<Gcplocal> {
 }
 
 #[tokio::test]
+#[ignore = "needs gcplocal: run scripts/test.sh"]
 async fn metadata_token_from_gcplocal() {
-    let Some(g) = start().await else { return };
+    let g = start().await;
     let clock = ManualClock::fixed();
     let p = provider(&[("GCE_METADATA_HOST", g.addr.as_str())], &clock);
     let cred = fetch(&p, "europe-west1-docker.pkg.dev").await.unwrap();
@@ -109,8 +112,9 @@ async fn metadata_token_from_gcplocal() {
 }
 
 #[tokio::test]
+#[ignore = "needs gcplocal: run scripts/test.sh"]
 async fn service_account_key_exchanged_at_gcplocal_token_endpoint() {
-    let Some(g) = start().await else { return };
+    let g = start().await;
     let key = test_key();
     let dir = tempfile::tempdir().unwrap();
     let key_file = service_account_key(
@@ -130,8 +134,9 @@ async fn service_account_key_exchanged_at_gcplocal_token_endpoint() {
 }
 
 #[tokio::test]
+#[ignore = "needs gcplocal: run scripts/test.sh"]
 async fn external_account_exchanged_at_gcplocal_token_endpoint() {
-    let Some(g) = start().await else { return };
+    let g = start().await;
     let dir = tempfile::tempdir().unwrap();
     let token_file = write(&dir, "token", "eyJ.projected-token");
     let creds = write(

@@ -7,8 +7,7 @@
 //! every scenario that needs env vars re-runs this test binary as a child, with a cleared
 //! environment plus the scenario's variables, and runs only `child_fetch` in it.
 //!
-//! Env vars used: `REGBROKER_TEST_REQUIRE_PEERS=1` makes a missing peer a failure;
-//! `REGBROKER_AWS_CHILD`, `REGBROKER_AWS_CHILD_REGISTRY`, `REGBROKER_AWS_CHILD_OPTIONS`
+//! Env vars used: `REGBROKER_AWS_CHILD`, `REGBROKER_AWS_CHILD_REGISTRY`, `REGBROKER_AWS_CHILD_OPTIONS`
 //! (`k=v,k=v`) drive the child.
 
 #![allow(dead_code, clippy::unwrap_used)]
@@ -23,22 +22,21 @@ use std::time::{Duration, Instant};
 use regbroker_aws::AwsProvider;
 use regbroker_provider::{ExposeSecret, Options, Provider, Registry};
 
-/// Finds `binary` on PATH. Missing: fails under `REGBROKER_TEST_REQUIRE_PEERS=1`,
-/// otherwise prints why the test skips and returns `None`.
-pub fn require_peer(binary: &str, install: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(binary))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        let msg = format!("test peer `{binary}` is not on PATH; install it with: {install}");
-        if std::env::var("REGBROKER_TEST_REQUIRE_PEERS").as_deref() == Ok("1") {
-            panic!("{msg}");
-        }
-        eprintln!("SKIP: {msg}");
-    }
-    found
+/// Finds the test peer `binary` on PATH; panics naming it and how to install it when it is
+/// missing (the tests that need a peer are `#[ignore]`d, so this runs only when asked for).
+pub fn require_peer(binary: &str, install: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(binary))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "test peer `{binary}` is not on PATH; install it with `{install}`, \
+                 or run `bash scripts/test.sh`, which installs every peer"
+            )
+        })
 }
 
 /// A free loopback port (bound then released).
@@ -64,9 +62,9 @@ pub struct Moto {
 pub const MOTO_INSTALL: &str = "pip install 'moto[server]'";
 
 impl Moto {
-    /// Starts moto, or `None` (after printing why) when it is not installed.
-    pub fn start() -> Option<Moto> {
-        let bin = require_peer("moto_server", MOTO_INSTALL)?;
+    /// Starts moto; panics naming the peer when it is not installed.
+    pub fn start() -> Moto {
+        let bin = require_peer("moto_server", MOTO_INSTALL);
         let port = free_port();
         let child = Command::new(bin)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
@@ -81,7 +79,7 @@ impl Moto {
             url: format!("http://127.0.0.1:{port}"),
         };
         wait_for_port(SocketAddr::from(([127, 0, 0, 1], port)));
-        Some(moto)
+        moto
     }
 }
 
