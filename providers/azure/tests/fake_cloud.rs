@@ -16,82 +16,14 @@
 
 mod fake;
 
-use std::io::Write;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use fake::scenario::*;
 use fake::*;
 use regbroker_azure::{ACR_USERNAME, AzureProvider, Env, FALLBACK_TTL};
-use regbroker_provider::{
-    Credential, Error, ErrorKind, ExposeSecret, ManualClock, Provider, Registry, SharedClock,
-};
-
-fn registry() -> Registry {
-    Registry::parse(REGISTRY).unwrap()
-}
-
-struct Scenario {
-    running: Running,
-    _token_file: SaTokenFile,
-    provider: AzureProvider,
-    clock: ManualClock,
-}
-
-/// A provider wired to the fakes with workload identity (or a client secret).
-async fn scenario(secret_instead_of_token_file: bool) -> Scenario {
-    let running = start().await;
-    let token_file = SaTokenFile::write();
-    let mut env = identity_env(format!("{}/", running.https));
-    env.push(("REGBROKER_AZURE_EXCHANGE_URL", running.exchange_url()));
-    if secret_instead_of_token_file {
-        env.push(("AZURE_CLIENT_SECRET", CLIENT_SECRET.to_string()));
-    } else {
-        env.push(("AZURE_FEDERATED_TOKEN_FILE", token_file.path.clone()));
-    }
-    let clock = ManualClock::fixed();
-    let provider = AzureProvider::builder()
-        .env(Env::from_pairs(env))
-        .http_client(client_trusting(&running.ca_pem))
-        .clock(Arc::new(clock.clone()) as SharedClock)
-        .retry(2, Duration::from_millis(20))
-        .timeout(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    Scenario {
-        running,
-        _token_file: token_file,
-        provider,
-        clock,
-    }
-}
-
-async fn fetch(s: &Scenario) -> Result<Credential, Error> {
-    let target = s.provider.recognise(&registry()).expect("recognised");
-    s.provider.fetch(&target).await
-}
-
-fn secrets(s: &Scenario) -> Vec<String> {
-    vec![
-        s.running.fake.access_token.clone(),
-        s.running.fake.refresh_token(),
-        SA_TOKEN.to_string(),
-        CLIENT_SECRET.to_string(),
-    ]
-}
-
-fn assert_no_secret(s: &Scenario, text: &str) {
-    for secret in secrets(s) {
-        assert!(!text.contains(&secret), "a secret leaked into: {text}");
-    }
-}
-
-fn assert_no_secret_in_error(s: &Scenario, e: &Error) {
-    assert_no_secret(s, e.message());
-    assert_no_secret(s, &e.chain());
-    assert_no_secret(s, &format!("{e:?}"));
-    assert!(!e.message().contains('\n'), "one line: {e}");
-}
+use regbroker_provider::{ErrorKind, ExposeSecret, ManualClock, Provider};
 
 #[tokio::test]
 async fn workload_identity_end_to_end() {
@@ -312,48 +244,6 @@ async fn untrusted_tls_is_unavailable_not_accepted() {
 }
 
 /// Captures every log line (all levels) of a scenario and checks no secret is in them.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-#[tokio::test]
-async fn secrets_never_reach_logs() {
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    // Current-thread runtime: the guard covers the SDK's and hyper's tasks too.
-    let _guard = tracing::subscriber::set_default(subscriber);
-    let s = scenario(false).await;
-    fetch(&s).await.expect("credential");
-    s.running.fake.script_exchange(
-        401,
-        r#"{"errors":[{"code":"UNAUTHORIZED","message":"no"}]}"#,
-    );
-    let _ = fetch(&s).await.unwrap_err();
-    let s2 = scenario(true).await;
-    fetch(&s2).await.expect("credential");
-    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
-    assert!(
-        text.contains("Exchanging Entra ID token at ACR"),
-        "the capture works: {text}"
-    );
-    assert_no_secret(&s, &text);
-    assert_no_secret(&s2, &text);
-}
-
 trait NowForTest {
     fn now_for_test(&self) -> SystemTime;
 }

@@ -11,6 +11,8 @@
 
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod scenario;
+
 use std::collections::{HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
