@@ -12,101 +12,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod registry_peer;
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::ServeProcess;
+use registry_peer::{Emulator, PASSWORD, Registry, USER, http_status, peer};
 use sha2::{Digest, Sha256};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
-const USER: &str = "testuser";
-const PASSWORD: &str = "registry-password-1";
 
-/// The path of the test peer `name` on PATH; panics naming it and how to install it when
-/// it is missing (the tests that call this are ignored unless asked for).
-fn peer(name: &str, install: &str) -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "test peer `{name}` is not on PATH; install it with `{install}`, \
-                 or run `bash scripts/test.sh`, which installs every peer"
-            )
-        })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A distribution registry on loopback; with htpasswd auth unless `anonymous`.
-struct Registry {
-    host: String,
-    _process: Emulator,
-}
-
-impl Registry {
-    fn start(anonymous: bool) -> Registry {
-        Registry::start_with(if anonymous {
-            None
-        } else {
-            Some((USER, PASSWORD))
-        })
-    }
-
-    fn start_with(auth: Option<(&str, &str)>) -> Registry {
-        let bin = peer("docker-registry", "apt-get install docker-registry");
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let mut config = format!(
-            "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-            dir.path().join("data").display()
-        );
-        if let Some((user, password)) = auth {
-            let htpasswd = peer("htpasswd", "apt-get install apache2-utils");
-            let out = Command::new(htpasswd)
-                .args(["-Bbn", user, password])
-                .output()
-                .unwrap();
-            assert!(out.status.success());
-            std::fs::write(dir.path().join("htpasswd"), &out.stdout).unwrap();
-            config.push_str(&format!(
-                "auth:\n  htpasswd:\n    realm: regbroker-test\n    path: {}\n",
-                dir.path().join("htpasswd").display()
-            ));
-        }
-        std::fs::write(dir.path().join("config.yml"), config).unwrap();
-        let config = dir.path().join("config.yml").display().to_string();
-        // The registry answers /v2/ with 401 when it wants credentials, 200 otherwise.
-        let process = Emulator::spawn(
-            &bin,
-            &["serve", &config],
-            dir,
-            port,
-            "/v2/",
-            &[200, 401],
-            &[],
-        );
-        Registry {
-            host: process.addr.clone(),
-            _process: process,
-        }
-    }
-}
-
-/// Writes a one-layer OCI image layout tagged `v1` and returns its path.
 fn oci_layout(dir: &Path, marker: &str) -> PathBuf {
     let root = dir.join(format!("layout-{marker}"));
     let blobs = root.join("blobs/sha256");
@@ -183,24 +101,6 @@ fn skopeo(args: &[&str], env: &[(&str, String)], home: &Path) -> Output {
         cmd.env(k, v);
     }
     cmd.output().unwrap()
-}
-
-/// The status code of a plain unauthenticated GET.
-fn http_status(host: &str, path: &str) -> u16 {
-    use std::io::Read;
-    let mut stream = std::net::TcpStream::connect(host).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
 }
 
 fn text(b: &[u8]) -> String {
@@ -521,71 +421,6 @@ fn helper_agrees_with_the_reference_ecr_helper_where_it_should() {
         .0,
         Some(0)
     );
-}
-
-/// A third-party emulator process (moto, gcplocal) on a free loopback port.
-struct Emulator {
-    child: std::process::Child,
-    addr: String,
-    _cwd: tempfile::TempDir,
-}
-
-impl Emulator {
-    /// Starts `bin ARGS` (with `PORT` in ARGS replaced by a free port) in a fresh
-    /// directory and waits until `ready_path` answers 200.
-    fn start(bin: &Path, args: &[&str], ready_path: &str, env: &[(&str, &str)]) -> Emulator {
-        let port = free_port();
-        let port_s = port.to_string();
-        let args: Vec<&str> = args
-            .iter()
-            .map(|a| if *a == "PORT" { port_s.as_str() } else { a })
-            .collect();
-        let cwd = tempfile::tempdir().unwrap();
-        Emulator::spawn(bin, &args, cwd, port, ready_path, &[200], env)
-    }
-
-    /// Starts `bin ARGS` in `cwd`, listening on `port`, and waits until `ready_path`
-    /// answers one of `ready`.
-    fn spawn(
-        bin: &Path,
-        args: &[&str],
-        cwd: tempfile::TempDir,
-        port: u16,
-        ready_path: &str,
-        ready: &[u16],
-        env: &[(&str, &str)],
-    ) -> Emulator {
-        let child = Command::new(bin)
-            .args(args)
-            .envs(env.iter().copied())
-            .current_dir(cwd.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let addr = format!("127.0.0.1:{port}");
-        let emulator = Emulator {
-            child,
-            addr,
-            _cwd: cwd,
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(&emulator.addr).is_err()
-            || !ready.contains(&http_status(&emulator.addr, ready_path))
-        {
-            assert!(Instant::now() < deadline, "{} did not start", bin.display());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        emulator
-    }
-}
-
-impl Drop for Emulator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 const GCPLOCAL_TOKEN: &str = "ya29.gcplocal-mock-token";
