@@ -22,21 +22,9 @@ pub const USER: &str = "testuser";
 /// That user's password.
 pub const PASSWORD: &str = "registry-password-1";
 
-/// The path of the test peer `name` on PATH; panics naming it and how to install it when
-/// it is missing (the tests that call this are ignored unless asked for).
+/// The path of the test peer `name` on PATH, or a panic naming it and how to install it.
 pub fn peer(name: &str, install: &str) -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "test peer `{name}` is not on PATH; install it with `{install}`, \
-                 or run `bash scripts/test.sh`, which installs every peer"
-            )
-        })
+    regbroker_provider::test_util::require_peer(name, install)
 }
 
 /// A loopback port nobody listened on a moment ago.
@@ -145,6 +133,27 @@ impl Registry {
         }
         panic!("the distribution registry did not start: {last}");
     }
+
+    /// Replaces the registry's htpasswd with exactly `user`:`password` (bcrypt), so from
+    /// now on only that password is accepted: the distribution registry rereads the file
+    /// when its modification time changes, so nothing restarts. The new file is renamed
+    /// into place, so the registry never reads half of it. Panics on an anonymous registry.
+    pub fn set_password(&self, user: &str, password: &str) {
+        let path = self._process.dir().join("htpasswd");
+        assert!(path.is_file(), "set_password on an anonymous registry");
+        let out = Command::new(peer("htpasswd", "apt-get install apache2-utils"))
+            .args(["-Bbn", user, password])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "htpasswd failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let next = self._process.dir().join("htpasswd.next");
+        std::fs::write(&next, &out.stdout).unwrap();
+        std::fs::rename(&next, &path).unwrap();
+    }
 }
 
 /// A third-party server process (the registry; emulators such as moto or gcplocal) on a
@@ -239,6 +248,11 @@ impl Emulator {
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok(emulator)
+    }
+
+    /// The directory the process runs in (its files and `stderr.log`).
+    pub fn dir(&self) -> &Path {
+        self.cwd.path()
     }
 
     /// What the process wrote to stderr so far.

@@ -13,6 +13,8 @@ mod clock;
 mod credential;
 mod error;
 mod registry;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;
 
 use std::collections::BTreeMap;
 use std::fmt;

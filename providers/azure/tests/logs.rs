@@ -9,27 +9,12 @@
 
 mod fake;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use fake::scenario::*;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use regbroker_provider::test_util::LogCapture;
 
 #[tokio::test]
 async fn secrets_never_reach_logs() {
-    let logs = Captured::default();
+    let logs = LogCapture::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
@@ -49,7 +34,7 @@ async fn secrets_never_reach_logs() {
     let _ = fetch(&s).await.unwrap_err();
     let s2 = scenario(true).await;
     fetch(&s2).await.expect("credential");
-    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
+    let text = logs.text();
     assert!(
         text.contains("Exchanging Entra ID token at ACR"),
         "the capture works: {text}"

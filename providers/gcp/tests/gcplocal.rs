@@ -21,6 +21,7 @@ use common::{
     clock_now, closed_port, credentials_provider, fetch, provider, service_account_key, test_key,
     write,
 };
+use regbroker_provider::test_util::require_peer;
 use regbroker_provider::{ExposeSecret, ManualClock};
 use serde_json::json;
 
@@ -36,22 +37,6 @@ impl Drop for Gcplocal {
     fn drop(&mut self) {
         let _ = self.child.start_kill();
     }
-}
-
-/// The path of the test peer `name` on PATH; panics naming it and how to install it.
-fn require_peer(name: &str, install: &str) -> std::path::PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "test peer `{name}` is not on PATH; install it with `{install}`, \
-                 or run `bash scripts/test.sh`, which installs every peer"
-            )
-        })
 }
 
 /// Starts gcplocal on a free loopback port; panics naming the peer when it is missing.

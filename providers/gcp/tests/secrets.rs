@@ -9,32 +9,18 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::federation::Scenario;
 use common::{credentials_provider, fetch};
 use regbroker_provider::ManualClock;
+use regbroker_provider::test_util::LogCapture;
 
 // ---------------------------------------------------------------------------------------
 // Secrets stay out of logs, errors and Debug
 // ---------------------------------------------------------------------------------------
 
-#[derive(Clone, Default)]
-struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn secrets_never_reach_logs_errors_or_debug() {
-    let logs = Captured::default();
+    let logs = LogCapture::default();
     let sink = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
@@ -54,7 +40,7 @@ async fn secrets_never_reach_logs_errors_or_debug() {
     let e = fetch(&p, "gcr.io").await.unwrap_err();
     let error_text = format!("{e} {} {e:?}", e.chain());
 
-    let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     assert!(
         logs.contains("Fetched Google access token"),
         "logging was captured: {logs}"

@@ -15,29 +15,13 @@
 pub mod fake;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use regbroker_aws::AwsProvider;
 use regbroker_provider::{ExposeSecret, Options, Provider, Registry};
 
-/// Finds the test peer `binary` on PATH; panics naming it and how to install it when it is
-/// missing (the tests that need a peer are `#[ignore]`d, so this runs only when asked for).
-pub fn require_peer(binary: &str, install: &str) -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(binary))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| {
-            panic!(
-                "test peer `{binary}` is not on PATH; install it with `{install}`, \
-                 or run `bash scripts/test.sh`, which installs every peer"
-            )
-        })
-}
+pub use regbroker_provider::test_util::require_peer;
 
 /// A free loopback port (bound then released).
 pub fn free_port() -> u16 {
