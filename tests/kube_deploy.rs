@@ -98,6 +98,20 @@ fn every_manifest_and_chart_rendering_passes_a_server_side_dry_run() {
     let kubectl = cp.peers.get("kubectl").to_path_buf();
     let mut accepted = 0;
 
+    // The dry run is strict: an unknown field (a typo in a manifest) is refused, not
+    // dropped, so an accepted object really is what the API server understands.
+    let runner = std::fs::read_to_string(deploy().join("e2e/runner.yaml")).unwrap();
+    let typo = runner.replacen("serviceAccountName:", "serviceAcountName:", 1);
+    assert_ne!(typo, runner, "runner.yaml names a serviceAccountName");
+    let (ok, _, err) = cp.kubectl(
+        &["apply", "--dry-run=server", "--server-side", "-f", "-"],
+        &typo,
+    );
+    assert!(
+        !ok && err.contains("serviceAcountName"),
+        "an unknown field must be refused: {err}"
+    );
+
     // The standalone kustomization, as users apply it.
     let standalone = run(
         &kubectl,
@@ -125,7 +139,6 @@ fn every_manifest_and_chart_rendering_passes_a_server_side_dry_run() {
     accepted += dry_run(cp, "deploy/flux", &flux_out);
 
     // The e2e runner pod.
-    let runner = std::fs::read_to_string(deploy().join("e2e/runner.yaml")).unwrap();
     accepted += dry_run(cp, "deploy/e2e/runner.yaml", &runner);
 
     // The Helm chart: defaults, the sidecar shape, and every ci/ values file.
