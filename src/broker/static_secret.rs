@@ -156,7 +156,9 @@ fn read_source(path: &Path) -> Result<(PathBuf, zeroize::Zeroizing<Vec<u8>>), Lo
 ///
 /// Returns entries in document order (keys sorted, as serde_json keeps them). Keys that
 /// are not registry names are skipped with a warning; empty entries (as docker writes when
-/// a credential store holds the secret) are skipped silently.
+/// a credential store holds the secret) are skipped silently. Keys that normalise to one
+/// registry are all returned ([`load`] keeps the first) and warned about, once per parse,
+/// naming both keys but no value.
 pub fn parse_document(bytes: &[u8]) -> Result<Vec<(Registry, Credential)>, String> {
     let mut value: Value = serde_json::from_slice(bytes)
         .map_err(|e| format!("not valid JSON (line {} column {})", e.line(), e.column()))?;
@@ -197,6 +199,10 @@ fn parse_value(value: &Value) -> Result<Vec<(Registry, Credential)>, String> {
         }
     };
     let mut out = Vec::with_capacity(auths.len());
+    // The key that gave each registry its credential: another key that normalises to the
+    // same registry (`r.example.com/team-a` and `/team-b`, `docker.io` and
+    // `https://index.docker.io/v1/`) is shadowed by the first in key order, with a warning.
+    let mut first_key: HashMap<Registry, &str> = HashMap::new();
     for (key, entry) in auths {
         let Value::Object(entry) = entry else {
             return Err(format!("entry `{}` must be an object", safe_key(key)));
@@ -209,7 +215,19 @@ fn parse_value(value: &Value) -> Result<Vec<(Registry, Credential)>, String> {
             }
         };
         match parse_entry(entry).map_err(|m| format!("entry `{registry}`: {m}"))? {
-            Some(c) => out.push((registry, c)),
+            Some(c) => {
+                if let Some(kept) = first_key.get(&registry) {
+                    tracing::warn!(
+                        %registry,
+                        kept = %safe_key(kept),
+                        ignored = %safe_key(key),
+                        "Two static entries normalise to the same registry; using the first"
+                    );
+                } else {
+                    first_key.insert(registry.clone(), key);
+                }
+                out.push((registry, c));
+            }
             None => tracing::debug!(%registry, "Skipping empty static entry"),
         }
     }
@@ -537,6 +555,87 @@ mod tests {
         let r = Registry::parse("r.example.com").unwrap();
         assert_eq!(snap.get(&r).unwrap().username(), "first");
         assert_eq!(snap.len(), 2);
+    }
+
+    /// Log lines at WARN and above emitted while `f` runs on this thread.
+    fn warnings(f: impl FnOnce()) -> String {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        #[derive(Clone, Default)]
+        struct Capture(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Capture {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let capture = Capture::default();
+        let writer = capture.clone();
+        let layer = tracing_subscriber::fmt::layer()
+            .with_ansi(false)
+            .with_writer(move || writer.clone());
+        let subscriber = tracing_subscriber::registry()
+            .with(layer)
+            .with(tracing_subscriber::filter::LevelFilter::WARN);
+        tracing::subscriber::with_default(subscriber, f);
+        String::from_utf8(capture.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn keys_that_normalise_to_one_registry_are_warned_about_by_key_never_value() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(
+            &path,
+            format!(
+                r#"{{"auths": {{
+                    "r.example.com/team-a": {{"username": "a", "password": "pw-team-a"}},
+                    "r.example.com/team-b": {{"username": "b", "password": "pw-team-b"}},
+                    "docker.io": {{"auth": "{}"}},
+                    "https://index.docker.io/v1/": {{"auth": "{}"}},
+                    "other.example.com": {{"username": "o", "password": "pw-other"}}
+                }}}}"#,
+                b64("hub1:pw-hub-1"),
+                b64("hub2:pw-hub-2")
+            ),
+        )
+        .unwrap();
+        let mut snap = None;
+        let logs = warnings(|| snap = Some(load(std::slice::from_ref(&path)).unwrap()));
+        let snap = snap.unwrap();
+        // The first key in sort order still wins.
+        let r = Registry::parse("r.example.com").unwrap();
+        assert_eq!(snap.get(&r).unwrap().username(), "a");
+        assert_eq!(
+            snap.get(&Registry::parse("docker.io").unwrap())
+                .unwrap()
+                .username(),
+            "hub1"
+        );
+        assert_eq!(snap.len(), 3);
+
+        let lines: Vec<&str> = logs.lines().collect();
+        assert_eq!(lines.len(), 2, "one warning per collision per load: {logs}");
+        let team = lines.iter().find(|l| l.contains("r.example.com/team-b"));
+        let team = team.unwrap_or_else(|| panic!("no warning names team-b: {logs}"));
+        assert!(team.contains("r.example.com/team-a"), "{team}");
+        let hub = lines
+            .iter()
+            .find(|l| l.contains("https://index.docker.io/v1/"));
+        let hub = hub.unwrap_or_else(|| panic!("no warning names the docker hub alias: {logs}"));
+        assert!(hub.contains("docker.io"), "{hub}");
+        for secret in ["pw-team-a", "pw-team-b", "pw-hub-1", "pw-hub-2", "pw-other"] {
+            assert!(!logs.contains(secret), "{logs}");
+            assert!(!logs.contains(&b64(secret)), "{logs}");
+        }
+        assert!(!logs.contains(&b64("hub1:pw-hub-1")), "{logs}");
+        assert!(!logs.contains(&b64("hub2:pw-hub-2")), "{logs}");
+
+        // A second load warns again, once.
+        let again = warnings(|| drop(load(std::slice::from_ref(&path)).unwrap()));
+        assert_eq!(again.lines().count(), 2, "{again}");
     }
 
     #[test]

@@ -320,6 +320,50 @@ mod tests {
     }
 
     #[test]
+    fn the_helper_refuses_a_cache_dir_owned_by_someone_else() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.json");
+        std::fs::write(
+            &config,
+            r#"{"auths": {"r.example.com": {"username": "u", "password": "static-pw"}}}"#,
+        )
+        .unwrap();
+        let cache = if rustix::process::geteuid().is_root() {
+            // Another local user (nobody) made the directory, world-writable.
+            let d = dir.path().join("shared");
+            std::fs::create_dir(&d).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+            std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+            d
+        } else {
+            // Unprivileged, a test cannot give a directory away: "/" (root's) stands in.
+            assert_ne!(
+                std::fs::metadata("/").unwrap().uid(),
+                rustix::process::geteuid().as_raw()
+            );
+            PathBuf::from("/")
+        };
+        let settings = Settings {
+            docker_config: vec![config],
+            cache_dir: Some(cache.clone()),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        let code = crate::oneshot::helper::run(
+            "get",
+            || Ok(settings),
+            &mut &b"r.example.com\n"[..],
+            &mut out,
+        );
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("REGBROKER_CACHE_DIR"), "{out}");
+        assert!(out.contains("owned by uid"), "{out}");
+        assert!(!out.contains("static-pw"), "{out}");
+    }
+
+    #[test]
     fn settings_from_env_map() {
         let env: HashMap<&str, &str> = HashMap::from([
             ("REGBROKER_ENDPOINT", "unix:/run/regbroker.sock"),

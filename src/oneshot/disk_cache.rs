@@ -8,8 +8,20 @@
 //! file in the same directory and is renamed over the old one, so concurrent helper
 //! processes never see a torn file (the last writer wins, and every version is valid).
 //! Files hold secrets, like docker's own `config.json`; delete the directory to forget them.
+//!
+//! Nothing in the directory is trusted that this user did not write:
+//! - a directory owned by another user is refused (an error naming both uids), never
+//!   re-moded or used. Refusing, rather than making a private `<dir>/<uid>` inside it, is
+//!   deliberate: whoever owns the parent can pre-create, rename or replace that
+//!   subdirectory at will, so it would need the same checks and still silently move the
+//!   cache somewhere the user did not name; an error tells them to pick a directory of
+//!   their own (e.g. under `$XDG_CACHE_HOME`).
+//! - a record is opened with `O_NOFOLLOW | O_NONBLOCK` (a symlink fails to open, a FIFO
+//!   does not block), then the opened handle is checked: a regular file, owned by this
+//!   user, at most [`MAX_RECORD_BYTES`]. Anything else reads as "no entry" (with a
+//!   warning), so the credential is fetched afresh and the next write replaces the file.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -23,6 +35,13 @@ use crate::broker::cache::{Entry, Key, Lifetime, Persist};
 pub const ENV: &str = "REGBROKER_CACHE_DIR";
 
 const VERSION: u32 = 1;
+
+/// Largest record read; a record is a few hundred bytes (a long token, a few KiB).
+pub const MAX_RECORD_BYTES: u64 = 64 * 1024;
+
+fn euid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
 
 /// A directory of cached credentials.
 #[derive(Debug)]
@@ -54,15 +73,28 @@ fn time(s: u64) -> SystemTime {
 }
 
 impl DiskCache {
-    /// Opens (and creates, mode 0700) the cache directory.
+    /// Opens (and creates, mode 0700) the cache directory. Refuses a directory owned by
+    /// another user; tightens the mode of one's own to 0700.
     pub fn open(dir: impl Into<PathBuf>) -> std::io::Result<DiskCache> {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
         let dir = dir.into();
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)?;
-        let mode = std::fs::metadata(&dir)?.permissions().mode();
+        let meta = std::fs::metadata(&dir)?;
+        let me = euid();
+        if meta.uid() != me {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "the directory is owned by uid {}, not by this user (uid {me}); \
+                     refusing a cache another user controls",
+                    meta.uid()
+                ),
+            ));
+        }
+        let mode = meta.permissions().mode();
         if mode & 0o077 != 0 {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         }
@@ -106,11 +138,39 @@ impl DiskCache {
     }
 
     fn read(&self, key: &Key) -> std::io::Result<Option<Entry>> {
-        let bytes = match std::fs::read(self.path(key)) {
-            Ok(b) => zeroize::Zeroizing::new(b),
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+        // No symlink is followed (ELOOP), and a FIFO opens without waiting for a writer.
+        let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags.bits() as i32)
+            .open(self.path(key))
+        {
+            Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
+        // The opened file itself, not the path (which may have changed since).
+        let meta = file.metadata()?;
+        if !meta.file_type().is_file() {
+            return Err(invalid("not a regular file".into()));
+        }
+        if meta.uid() != euid() {
+            return Err(invalid(format!(
+                "owned by uid {}, not by this user",
+                meta.uid()
+            )));
+        }
+        if meta.len() > MAX_RECORD_BYTES {
+            return Err(invalid(format!("larger than {MAX_RECORD_BYTES} bytes")));
+        }
+        // Sized up front so the buffer holding the secret is not reallocated (and copied).
+        let mut bytes = zeroize::Zeroizing::new(Vec::with_capacity(meta.len() as usize + 1));
+        file.take(MAX_RECORD_BYTES + 1).read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > MAX_RECORD_BYTES {
+            return Err(invalid(format!("larger than {MAX_RECORD_BYTES} bytes")));
+        }
         let mut record: Record = serde_json::from_slice(&bytes).map_err(|e| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
@@ -242,6 +302,155 @@ mod tests {
         }
         // Only the final file remains: no temporary files left behind.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    /// Whether this process may give files away (root, as in CI): only then can a test
+    /// build a directory or file "owned by another local user".
+    fn can_chown() -> bool {
+        rustix::process::geteuid().is_root()
+    }
+
+    const OTHER_UID: u32 = 65534; // nobody
+
+    #[test]
+    fn a_directory_owned_by_someone_else_is_refused_and_never_served() {
+        use std::os::unix::fs::MetadataExt;
+        if !can_chown() {
+            // Unprivileged, a test cannot make a directory another user owns; "/" is one
+            // (root's), so it stands in. (Before the fix this failed too, but on the chmod,
+            // and only because the mode was loose; the test asserts the ownership error.)
+            assert_ne!(
+                std::fs::metadata("/").unwrap().uid(),
+                rustix::process::geteuid().as_raw()
+            );
+            let err = DiskCache::open("/").unwrap_err().to_string();
+            assert!(err.contains("owned by uid"), "{err}");
+            return;
+        }
+        // Another user made the directory, world-writable, and planted a record.
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("shared");
+        let k = key("role-a/us-east-1/123456789012");
+        DiskCache::open(&d)
+            .unwrap()
+            .store(&k, &entry("attacker-chosen"));
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        for f in std::fs::read_dir(&d).unwrap() {
+            std::os::unix::fs::chown(f.unwrap().path(), Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+        }
+        std::os::unix::fs::chown(&d, Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+
+        match DiskCache::open(&d) {
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("owned by uid 65534"), "{e}");
+                assert!(!e.contains("attacker-chosen"), "{e}");
+            }
+            Ok(cache) => panic!(
+                "a foreign-owned cache directory was accepted; it serves {:?}",
+                cache
+                    .load(&k)
+                    .map(|e| e.credential.secret().expose_secret().to_string())
+            ),
+        }
+        // Someone else's directory is left as it was, not re-moded.
+        assert_eq!(
+            std::fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+            0o777
+        );
+    }
+
+    #[test]
+    fn a_record_file_owned_by_someone_else_is_ignored() {
+        // Our own directory, but once world-writable: another user planted a file in it.
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path()).unwrap();
+        let k = key("s");
+        cache.store(&k, &entry("planted"));
+        if can_chown() {
+            std::os::unix::fs::chown(cache.path(&k), Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+            assert!(
+                cache.load(&k).is_none(),
+                "a record owned by uid 65534 was served"
+            );
+        } else {
+            // Unprivileged, no file can be given away: only our own record exists, and it
+            // is served.
+            assert!(cache.load(&k).is_some());
+        }
+        // Our next write replaces the planted file, and is served.
+        cache.store(&k, &entry("ours"));
+        let got = cache.load(&k).unwrap();
+        assert_eq!(got.credential.secret().expose_secret(), "ours");
+    }
+
+    #[test]
+    fn a_symlink_planted_as_the_record_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = DiskCache::open(dir.path().join("elsewhere")).unwrap();
+        let cache = DiskCache::open(dir.path().join("cache")).unwrap();
+        let k = key("s");
+        // A valid record for this very key, owned by us, reached only through a symlink.
+        elsewhere.store(&k, &entry("via-symlink"));
+        std::os::unix::fs::symlink(elsewhere.path(&k), cache.path(&k)).unwrap();
+        assert!(
+            cache.load(&k).is_none(),
+            "the record was read through a symlink"
+        );
+        // A write replaces the link itself, never the file it points to.
+        cache.store(&k, &entry("ours"));
+        assert!(
+            !std::fs::symlink_metadata(cache.path(&k))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(
+            elsewhere
+                .load(&k)
+                .unwrap()
+                .credential
+                .secret()
+                .expose_secret(),
+            "via-symlink"
+        );
+    }
+
+    #[test]
+    fn a_fifo_planted_as_the_record_does_not_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = std::sync::Arc::new(DiskCache::open(dir.path()).unwrap());
+        let k = key("s");
+        let fifo = cache.path(&k);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let (cache, k) = (cache.clone(), k.clone());
+            std::thread::spawn(move || {
+                let _ = tx.send(cache.load(&k).is_none());
+            });
+        }
+        match rx.recv_timeout(Duration::from_secs(5)) {
+            Ok(ignored) => assert!(ignored),
+            Err(_) => {
+                // Release the blocked reader (opening the write end, then closing it),
+                // so the test process does not keep a stuck thread.
+                drop(std::fs::OpenOptions::new().write(true).open(&fifo));
+                panic!("loading a FIFO planted as the record blocked for 5 s");
+            }
+        }
+        cache.store(&k, &entry("ours"));
+        assert_eq!(
+            cache.load(&k).unwrap().credential.secret().expose_secret(),
+            "ours"
+        );
     }
 
     #[test]

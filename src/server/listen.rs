@@ -54,7 +54,9 @@ pub enum Bound {
 }
 
 impl Bound {
-    /// Binds `listen`. A unix socket gets mode 0600; a stale socket file is replaced.
+    /// Binds `listen`. A unix socket gets mode 0600; a stale socket file is replaced; any
+    /// other file at the path is refused. The socket appears at its path already with its
+    /// final mode (bound in a private directory and renamed into place).
     pub async fn bind(listen: &Listen) -> std::io::Result<Bound> {
         Bound::bind_with(listen, None).await
     }
@@ -66,22 +68,37 @@ impl Bound {
             Listen::Tcp(addr) => Ok(Bound::Tcp(tokio::net::TcpListener::bind(addr).await?)),
             Listen::Unix(path) => {
                 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-                if let Ok(meta) = std::fs::symlink_metadata(path) {
-                    if meta.file_type().is_socket() {
-                        std::fs::remove_file(path)?;
-                    } else {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::AlreadyExists,
-                            format!("{} exists and is not a socket", path.display()),
-                        ));
-                    }
+                if let Ok(meta) = std::fs::symlink_metadata(path)
+                    && !meta.file_type().is_socket()
+                {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        format!("{} exists and is not a socket", path.display()),
+                    ));
                 }
-                let listener = tokio::net::UnixListener::bind(path)?;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+                // bind() creates the socket with the process umask's mode. Bound at its
+                // path and chmod'ed there, it would be connectable by others in between; so
+                // it is bound in a private (0700) directory next to the path, given its
+                // mode and group there, and renamed into place, replacing a stale socket
+                // atomically. The directory is short-named: a socket path has ~107 bytes.
+                let parent = path
+                    .parent()
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .unwrap_or(std::path::Path::new("."));
+                let private = tempfile::Builder::new()
+                    .prefix(".rb-")
+                    .rand_bytes(6)
+                    .permissions(std::fs::Permissions::from_mode(0o700))
+                    .tempdir_in(parent)?;
+                let staged = private.path().join("s");
+                let listener = tokio::net::UnixListener::bind(&staged)?;
+                std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600))?;
                 if let Some(gid) = socket_group {
-                    std::os::unix::fs::chown(path, None, Some(gid))?;
-                    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+                    std::os::unix::fs::chown(&staged, None, Some(gid))?;
+                    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o660))?;
                 }
+                std::fs::rename(&staged, path)?;
+                private.close()?;
                 Ok(Bound::Unix(listener, path.clone()))
             }
         }
@@ -169,4 +186,101 @@ where
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    use std::time::{Duration, Instant};
+
+    /// The socket must never be connectable by others, even for a moment. Binding creates
+    /// it with the process umask's mode, so it must not be created at its path and
+    /// re-moded there: it is bound in a private directory, given its mode there, and
+    /// renamed into place. inotify on the parent tells the two apart: the path first
+    /// appears as a rename target (IN_MOVED_TO), never as a creation (IN_CREATE).
+    #[tokio::test]
+    async fn the_socket_appears_at_its_path_only_by_rename() {
+        use notify::Watcher as _;
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("regbroker.sock");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut watcher = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+            if let Ok(e) = e {
+                let _ = tx.send(e);
+            }
+        })
+        .unwrap();
+        watcher
+            .watch(dir.path(), notify::RecursiveMode::NonRecursive)
+            .unwrap();
+        let bound = Bound::bind(&Listen::Unix(sock.clone())).await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut seen = Vec::new();
+        let first = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(e) if e.paths.contains(&sock) => break e.kind,
+                Ok(e) => seen.push(e),
+                Err(_) => panic!("no event named the socket; saw {seen:?}"),
+            }
+        };
+        assert!(
+            matches!(
+                first,
+                notify::EventKind::Modify(notify::event::ModifyKind::Name(_))
+            ),
+            "the socket was created in place ({first:?}), so it existed with the umask's mode before its chmod"
+        );
+        drop(bound);
+    }
+
+    #[tokio::test]
+    async fn the_socket_gets_its_mode_and_leaves_nothing_else_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s.sock");
+        let bound = Bound::bind(&Listen::Unix(sock.clone())).await.unwrap();
+        let meta = std::fs::symlink_metadata(&sock).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(bound.local(), format!("unix:{}", sock.display()));
+        // The private directory it was bound in is gone.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("s.sock")]);
+        // It answers at its final path.
+        std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        drop(bound);
+
+        // With a group: 0660, that group.
+        let gid = std::fs::metadata(dir.path()).unwrap().gid();
+        let grouped = dir.path().join("g.sock");
+        let bound = Bound::bind_with(&Listen::Unix(grouped.clone()), Some(gid))
+            .await
+            .unwrap();
+        let meta = std::fs::metadata(&grouped).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+        assert_eq!(meta.gid(), gid);
+        drop(bound);
+    }
+
+    #[tokio::test]
+    async fn a_stale_socket_is_replaced_and_anything_else_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("s.sock");
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        assert!(std::os::unix::net::UnixStream::connect(&sock).is_err());
+        let bound = Bound::bind(&Listen::Unix(sock.clone())).await.unwrap();
+        std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        drop(bound);
+
+        let file = dir.path().join("f");
+        std::fs::write(&file, "keep me").unwrap();
+        let err = Bound::bind(&Listen::Unix(file.clone())).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
+    }
 }
