@@ -36,7 +36,33 @@ pub mod sinks;
 
 pub use regbroker_provider as provider;
 
-/// Formats a time as RFC 3339 in UTC, to the second.
+/// Formats a time as RFC 3339 in UTC, to the second. Never fails: a time after
+/// 9999-12-31T23:59:59Z (which RFC 3339's four-digit year cannot show) prints as that, a
+/// time before 1970 as 1970-01-01T00:00:00Z.
 pub fn rfc3339(t: std::time::SystemTime) -> String {
+    use std::time::{Duration, UNIX_EPOCH};
+    // 10000-01-01T00:00:00Z, the first second humantime refuses to format.
+    const YEAR_10000: u64 = 253_402_300_800;
+    let last = UNIX_EPOCH + Duration::from_secs(YEAR_10000 - 1);
+    let t = t.clamp(UNIX_EPOCH, last);
     humantime::format_rfc3339_seconds(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn rfc3339_never_panics() {
+        let at = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        assert_eq!(super::rfc3339(at(0)), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(at(253_402_300_799)), "9999-12-31T23:59:59Z");
+        // The year 10000 and later (and anything before 1970) are clamped.
+        assert_eq!(super::rfc3339(at(253_402_300_800)), "9999-12-31T23:59:59Z");
+        assert_eq!(super::rfc3339(at(u64::MAX / 4)), "9999-12-31T23:59:59Z");
+        assert_eq!(
+            super::rfc3339(SystemTime::UNIX_EPOCH - Duration::from_secs(1)),
+            "1970-01-01T00:00:00Z"
+        );
+    }
 }

@@ -363,3 +363,23 @@ impl ClockNow for TestServer {
         regbroker_provider::Clock::now(&self.clock)
     }
 }
+
+#[tokio::test]
+async fn expiry_in_the_year_10000_is_capped_not_a_panic() {
+    // An upstream answering an expiry in the year 10000 or later (ECR `expiresAt`, an
+    // ACR `exp`) once made RFC 3339 formatting panic, which aborts a release build.
+    // The broker caps every fetched expiry at MAX_LIFETIME from now.
+    let srv = TestServer::builder().start().await;
+    let year_10000 = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_800);
+    let far = year_10000.duration_since(srv.clock_now()).unwrap() + Duration::from_secs(86_400);
+    srv.fake.then(Answer::Credential(Some(far)));
+    let (status, body) = srv.credentials("a.fake.test").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["password"], "fake-secret-1");
+    let capped = regbroker::rfc3339(srv.clock_now() + regbroker_provider::MAX_LIFETIME);
+    assert_eq!(body["expiresAt"], capped.as_str(), "{body}");
+    // Cached like any 12 h credential: the next request is a hit.
+    let (status, _) = srv.credentials("a.fake.test").await;
+    assert_eq!(status, 200);
+    assert_eq!(srv.fake.calls(), 1);
+}

@@ -235,11 +235,17 @@ impl Broker {
                     scope: target.scope().to_string(),
                 };
                 let metrics = self.metrics.clone();
+                let clock = self.clock.clone();
                 let fetch = move || {
                     async move {
                         let started = Instant::now();
                         tracing::debug!(provider = name, registry = %target.registry(), scope = target.scope(), "Fetching credential");
-                        let result = provider.fetch(&target).await;
+                        // Every provider's credential enters the cache here: an expiry
+                        // years ahead is a broken answer, capped at MAX_LIFETIME.
+                        let result = provider
+                            .fetch(&target)
+                            .await
+                            .map(|c| c.capped(clock.now()));
                         let outcome = match &result {
                             Ok(_) => "ok",
                             Err(e) => e.kind().code(),

@@ -1,12 +1,25 @@
 //! A registry credential and the secret it carries.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use secrecy::SecretString;
 
 /// The username docker clients use to mark [`Credential::secret`] as an identity
 /// (refresh) token rather than a password.
 pub const IDENTITY_TOKEN_USERNAME: &str = "<token>";
+
+/// The longest lifetime believed for an issued registry credential, whatever the issuer
+/// says: 12 hours, the longest any supported issuer grants (an ECR token lives exactly
+/// 12 h, a Google access token 1 h and at most 12 h, an ACR refresh token about 3 h).
+/// An expiry further ahead (say in the year 10000) is a broken answer, not a long-lived
+/// token; capping it only ever shortens a lifetime, never extends one.
+pub const MAX_LIFETIME: Duration = Duration::from_secs(12 * 60 * 60);
+
+/// Caps an issuer's `expires_at` at `now + MAX_LIFETIME` (see [`MAX_LIFETIME`]).
+pub fn cap_expiry(expires_at: Option<SystemTime>, now: SystemTime) -> Option<SystemTime> {
+    let bound = now.checked_add(MAX_LIFETIME)?;
+    expires_at.map(|e| e.min(bound))
+}
 
 /// A username and a secret for one registry (or a family of registries), with the time
 /// the secret stops working if the issuer said.
@@ -32,6 +45,24 @@ impl Credential {
             secret: secret.into(),
             expires_at,
         }
+    }
+
+    /// A credential an issuer answered at `now`, its expiry capped at
+    /// `now + `[`MAX_LIFETIME`]: what every provider builds from an upstream answer.
+    pub fn issued(
+        username: impl Into<String>,
+        secret: impl Into<SecretString>,
+        expires_at: Option<SystemTime>,
+        now: SystemTime,
+    ) -> Credential {
+        Credential::new(username, secret, cap_expiry(expires_at, now))
+    }
+
+    /// This credential with its expiry capped at `now + `[`MAX_LIFETIME`] (the broker
+    /// applies it to every fetched credential, whatever the provider).
+    pub fn capped(mut self, now: SystemTime) -> Credential {
+        self.expires_at = cap_expiry(self.expires_at, now);
+        self
     }
 
     /// The username, e.g. `AWS`, `oauth2accesstoken` or `00000000-0000-0000-0000-000000000000`.
@@ -67,5 +98,20 @@ mod tests {
         assert!(!shown.contains("s3cr3t-value"), "{shown}");
         assert!(shown.contains("AWS"));
         assert_eq!(c.secret().expose_secret(), "s3cr3t-value");
+    }
+
+    #[test]
+    fn issued_expiry_is_capped_at_the_max_lifetime() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let year_10000 = SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_800);
+        let c = Credential::issued("AWS", "x".to_string(), Some(year_10000), now);
+        assert_eq!(c.expires_at(), Some(now + MAX_LIFETIME));
+        let soon = now + Duration::from_secs(3600);
+        let c = Credential::issued("AWS", "x".to_string(), Some(soon), now);
+        assert_eq!(c.expires_at(), Some(soon), "a plausible expiry is kept");
+        let c = Credential::issued("AWS", "x".to_string(), None, now);
+        assert_eq!(c.expires_at(), None);
+        let c = Credential::new("AWS", "x".to_string(), Some(year_10000)).capped(now);
+        assert_eq!(c.expires_at(), Some(now + MAX_LIFETIME));
     }
 }

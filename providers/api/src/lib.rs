@@ -24,10 +24,14 @@ use std::pin::Pin;
 #[cfg(any(test, feature = "test-util"))]
 pub use clock::ManualClock;
 pub use clock::{Clock, SharedClock, SystemClock, system_clock};
-pub use credential::{Credential, IDENTITY_TOKEN_USERNAME};
+pub use credential::{Credential, IDENTITY_TOKEN_USERNAME, MAX_LIFETIME, cap_expiry};
 pub use error::{Error, ErrorKind};
 pub use registry::{DOCKER_HUB, MAX_HOST_LEN, ParseError, Registry};
 pub use secrecy::{ExposeSecret, SecretString};
+
+/// The most bytes a provider reads of one upstream answer (token endpoints answer a few
+/// KiB). A longer answer is a `BadResponse` error, and nothing past the cap is buffered.
+pub const MAX_UPSTREAM_BODY: usize = 64 * 1024;
 
 /// A boxed future, as returned by the object-safe [`Provider::fetch`].
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

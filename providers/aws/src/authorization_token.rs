@@ -35,8 +35,10 @@ impl AwsProvider {
             .iter()
             .find_map(|d| Some((d.authorization_token()?, d.expires_at())));
         let (password, expires_at) = password_and_expiry(&what, data)?;
-        tracing::debug!(%account, %region, ?expires_at, "Fetched ECR token");
-        Ok(Credential::new(USERNAME, password, expires_at))
+        let credential =
+            Credential::issued(USERNAME, password, expires_at, self.settings.clock.now());
+        tracing::debug!(%account, %region, expires_at = ?credential.expires_at(), "Fetched ECR token");
+        Ok(credential)
     }
 
     /// The ECR Public credential, as `role` (or the base identity).
@@ -52,8 +54,10 @@ impl AwsProvider {
             .authorization_data()
             .and_then(|d| Some((d.authorization_token()?, d.expires_at())));
         let (password, expires_at) = password_and_expiry(&what, data)?;
-        tracing::debug!(?expires_at, "Fetched ECR Public token");
-        Ok(Credential::new(USERNAME, password, expires_at))
+        let credential =
+            Credential::issued(USERNAME, password, expires_at, self.settings.clock.now());
+        tracing::debug!(expires_at = ?credential.expires_at(), "Fetched ECR Public token");
+        Ok(credential)
     }
 }
 

@@ -62,8 +62,8 @@ async fn fetch(p: &AwsProvider, host: &str) -> Result<Credential, Error> {
 }
 
 /// What a child fetch gives from the fake: user `AWS`, `password`, the fake's expiry.
-fn fake_token(password: &str) -> Outcome {
-    Outcome::Ok("AWS".into(), password.into(), Some(fake::EXPIRES_AT))
+fn fake_token(fake: &Fake, password: &str) -> Outcome {
+    Outcome::Ok("AWS".into(), password.into(), Some(fake.expires_at()))
 }
 
 /// [`hermetic_env`] with IMDS enabled at `imds`, and every AWS call sent to `endpoint`.
@@ -91,7 +91,7 @@ async fn ecr_public_token_comes_from_ecr_public_in_us_east_1() {
     let c = fetch(&provider(&fake.url), "public.ecr.aws").await.unwrap();
     assert_eq!(c.username(), "AWS");
     assert_eq!(c.secret().expose_secret(), fake::PUBLIC_PASSWORD);
-    assert_eq!(expires(&c), fake::EXPIRES_AT);
+    assert_eq!(expires(&c), fake.expires_at());
     fake.seen(|s| {
         assert_eq!((s.public_calls, s.ecr_calls), (1, 0));
         assert!(
@@ -107,12 +107,33 @@ async fn private_ecr_is_signed_for_the_hosts_region() {
     let fake = Fake::start(Mode::Ok).await;
     let c = fetch(&provider(&fake.url), ECR_HOST).await.unwrap();
     assert_eq!(c.secret().expose_secret(), fake::PASSWORD);
-    assert_eq!(expires(&c), fake::EXPIRES_AT);
+    assert_eq!(expires(&c), fake.expires_at());
     fake.seen(|s| {
         assert_eq!(s.ecr_calls, 1);
         assert!(s.scopes[0].ends_with("/eu-west-1/ecr"), "{:?}", s.scopes);
         assert_eq!(s.access_keys, ["AKIDEXPLICITTEST0001"]);
     });
+}
+
+#[tokio::test]
+async fn an_expiry_in_the_year_10000_or_later_is_capped() {
+    // Formatting a year-10000 expiry once panicked (and aborted the release build); an
+    // expiry further ahead than MAX_LIFETIME is capped at the provider boundary.
+    let fake = Fake::start(Mode::Ok).await;
+    for raw in ["253402300800.0", "999999999999.0"] {
+        fake.set_expires_at(raw);
+        for host in [ECR_HOST, "public.ecr.aws"] {
+            let before = regbroker_provider::Clock::now(&*regbroker_provider::system_clock());
+            let c = fetch(&provider(&fake.url), host).await.unwrap();
+            let after = regbroker_provider::Clock::now(&*regbroker_provider::system_clock());
+            let at = c.expires_at().unwrap();
+            assert!(
+                at >= before + regbroker_provider::MAX_LIFETIME - Duration::from_secs(1)
+                    && at <= after + regbroker_provider::MAX_LIFETIME,
+                "{host} expiresAt {raw}: got {at:?}, want now + MAX_LIFETIME"
+            );
+        }
+    }
 }
 
 #[tokio::test]
@@ -208,7 +229,7 @@ async fn imdsv2_role_credentials_are_used() {
     let fake = Fake::start(Mode::Ok).await;
     let env = imds_env(fake.url.clone(), &fake.url);
     let got = run_child(ECR_HOST, "", &env).await;
-    assert_eq!(got, fake_token(fake::PASSWORD));
+    assert_eq!(got, fake_token(&fake, fake::PASSWORD));
     fake.seen(|s| {
         assert!(
             s.imds_token_puts >= 1,
@@ -245,7 +266,7 @@ async fn eks_pod_identity_credentials_are_used() {
         ("AWS_ENDPOINT_URL", fake.url.clone()),
     ]);
     let got = run_child(ECR_HOST, "", &env).await;
-    assert_eq!(got, fake_token(fake::PASSWORD));
+    assert_eq!(got, fake_token(&fake, fake::PASSWORD));
     fake.seen(|s| {
         assert_eq!(s.pod_unauthorised, 0);
         assert!(s.pod_gets >= 1);
@@ -290,7 +311,7 @@ async fn ecr_public_endpoint_env_var_is_honoured() {
         ("AWS_ENDPOINT_URL_ECR_PUBLIC", fake.url.clone()),
     ]);
     let got = run_child("public.ecr.aws", "", &env).await;
-    assert_eq!(got, fake_token(fake::PUBLIC_PASSWORD));
+    assert_eq!(got, fake_token(&fake, fake::PUBLIC_PASSWORD));
     fake.seen(|s| assert_eq!(s.access_keys, ["AKIDENVTEST000000001"]));
 }
 

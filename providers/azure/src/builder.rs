@@ -20,6 +20,7 @@ pub struct Builder {
     pub(crate) clock: SharedClock,
     pub(crate) suffixes: Vec<String>,
     pub(crate) http: Option<reqwest::Client>,
+    pub(crate) tls_roots: Vec<Vec<u8>>,
     pub(crate) sdk_http: Option<Arc<dyn HttpClient>>,
     pub(crate) retry: RetryOptions,
     pub(crate) timeout: Duration,
@@ -33,6 +34,7 @@ impl Builder {
             clock: system_clock(),
             suffixes: Vec::new(),
             http: None,
+            tls_roots: Vec::new(),
             sdk_http: None,
             retry: retry_options(3, Duration::from_millis(500)),
             timeout: DEFAULT_TIMEOUT,
@@ -58,9 +60,18 @@ impl Builder {
     }
 
     /// Use this HTTP client for Entra ID, managed identity and the exchange (e.g. one
-    /// that trusts a test CA). It should not follow redirects.
+    /// that trusts a test CA). It should not follow redirects, and should not use a
+    /// proxy for the loopback and link-local identity endpoints (the provider's own
+    /// clients never do).
     pub fn http_client(mut self, client: reqwest::Client) -> Builder {
         self.http = Some(client);
+        self
+    }
+
+    /// Trust only this CA (PEM) in the provider's own HTTP clients (a private CA, a test
+    /// CA); may be given more than once. Ignored with [`Builder::http_client`].
+    pub fn tls_root_pem(mut self, pem: impl Into<Vec<u8>>) -> Builder {
+        self.tls_roots.push(pem.into());
         self
     }
 

@@ -14,6 +14,8 @@ use base64::Engine as _;
 use regbroker_provider::{Credential, Error, ExposeSecret, SecretString};
 use serde::Deserialize;
 
+use crate::http::{self, Http};
+
 /// The username ACR expects with a refresh token as password.
 pub const ACR_USERNAME: &str = "00000000-0000-0000-0000-000000000000";
 
@@ -54,7 +56,7 @@ struct AcrError {
 
 /// Runs the exchange and turns the answer into a credential.
 pub(crate) async fn exchange(
-    http: &reqwest::Client,
+    http: &Http,
     req: Request<'_>,
     now: SystemTime,
 ) -> Result<Credential, Error> {
@@ -73,6 +75,7 @@ pub(crate) async fn exchange(
     };
 
     let sent = http
+        .for_url(req.url)
         .post(req.url.clone())
         .header(
             reqwest::header::CONTENT_TYPE,
@@ -98,43 +101,71 @@ pub(crate) async fn exchange(
         }
     };
     let status = response.status();
-    let bytes = match response.bytes().await {
-        Ok(b) => b,
-        Err(e) => {
+    let what = format!("ACR token exchange for {registry}");
+    let bytes = match http::read_capped(response, &what).await {
+        Ok(Ok(b)) => secrecy::zeroize::Zeroizing::new(b),
+        Ok(Err(e)) => {
             return Err(Error::unavailable(format!(
-                "ACR token exchange for {registry}: reading the answer failed (HTTP {})",
+                "{what}: reading the answer failed (HTTP {})",
                 status.as_u16()
             ))
             .with_source(e.without_url()));
         }
+        // Over the cap: a 5xx or 429 is still the upstream failing, whatever its body.
+        Err(_) if status.is_server_error() || status.as_u16() == 429 => {
+            return Err(status_error(registry, status.as_u16(), b""));
+        }
+        Err(e) => return Err(e),
     };
 
     if !status.is_success() {
         return Err(status_error(registry, status.as_u16(), &bytes));
     }
 
-    let parsed: ExchangeResponse = serde_json::from_slice(&bytes).map_err(|_| {
-        Error::bad_response(format!(
-            "ACR token exchange for {registry} answered HTTP {} with a body that is not the expected JSON",
-            status.as_u16()
-        ))
+    let answer = parse_exchange_answer(&bytes, now).map_err(|why| {
+        Error::bad_response(format!("{what} answered HTTP {} {why}", status.as_u16()))
     })?;
-    let token = parsed
+    if answer.exp_unreadable {
+        tracing::debug!(%registry, ttl = ?FALLBACK_TTL, "ACR refresh token has no readable exp; using the fallback lifetime");
+    }
+    Ok(Credential::issued(
+        ACR_USERNAME,
+        answer.refresh_token,
+        Some(answer.expires_at),
+        now,
+    ))
+}
+
+/// A successful exchange answer, read.
+#[derive(Debug)]
+pub struct ExchangeAnswer {
+    /// The refresh token (the registry password).
+    pub refresh_token: SecretString,
+    /// Its `exp`, or `now + `[`FALLBACK_TTL`] when unreadable (not yet capped: see
+    /// [`Credential::issued`]).
+    pub expires_at: SystemTime,
+    /// Whether `exp` was missing or unreadable.
+    pub exp_unreadable: bool,
+}
+
+/// Reads a 200 answer of the exchange (`{"refresh_token": "<JWT>"}`) received at `now`.
+/// Pure: no I/O. The error says what is wrong in a few words and never quotes the body.
+pub fn parse_exchange_answer(body: &[u8], now: SystemTime) -> Result<ExchangeAnswer, &'static str> {
+    let parsed: ExchangeResponse =
+        serde_json::from_slice(body).map_err(|_| "with a body that is not the expected JSON")?;
+    let refresh_token = parsed
         .refresh_token
         .filter(|t| !t.expose_secret().is_empty())
-        .ok_or_else(|| {
-            Error::bad_response(format!(
-                "ACR token exchange for {registry} answered without a refresh_token"
-            ))
-        })?;
-    let expires_at = match jwt_exp(token.expose_secret()) {
-        Some(exp) => exp,
-        None => {
-            tracing::debug!(%registry, ttl = ?FALLBACK_TTL, "ACR refresh token has no readable exp; using the fallback lifetime");
-            now + FALLBACK_TTL
-        }
+        .ok_or("without a refresh_token")?;
+    let (expires_at, exp_unreadable) = match jwt_exp(refresh_token.expose_secret()) {
+        Some(exp) => (exp, false),
+        None => (now + FALLBACK_TTL, true),
     };
-    Ok(Credential::new(ACR_USERNAME, token, Some(expires_at)))
+    Ok(ExchangeAnswer {
+        refresh_token,
+        expires_at,
+        exp_unreadable,
+    })
 }
 
 /// Maps a non-success exchange answer to an error kind, with ACR's own code and message

@@ -26,6 +26,7 @@
 mod builder;
 pub mod exchange;
 pub mod host;
+mod http;
 pub mod identity;
 mod options;
 mod provider;

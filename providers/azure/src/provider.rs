@@ -20,10 +20,10 @@ use regbroker_provider::{
     BoxFuture, Credential, Error, Options, Provider, Registry, SecretString, SharedClock, Target,
 };
 
+use crate::http::Http;
 use crate::options::{RuleOptions, check_https_url, check_scope};
 use crate::{
-    Builder, Cloud, DEFAULT_SCOPE, ENV_EXCHANGE_URL, ENV_SCOPE, Env, Kind, exchange, host,
-    identity, reqwest,
+    Builder, Cloud, DEFAULT_SCOPE, ENV_EXCHANGE_URL, ENV_SCOPE, Env, Kind, exchange, host, identity,
 };
 
 // Target params, set by recognise/target and read by fetch.
@@ -44,7 +44,8 @@ pub struct AzureProvider {
     env: Env,
     clock: SharedClock,
     suffixes: Vec<String>,
-    http: OnceLock<reqwest::Client>,
+    http: OnceLock<Http>,
+    tls_roots: Vec<Vec<u8>>,
     sdk_http: Option<Arc<dyn HttpClient>>,
     retry: RetryOptions,
     timeout: Duration,
@@ -81,13 +82,14 @@ impl AzureProvider {
     pub(crate) fn new(b: Builder, suffixes: Vec<String>) -> AzureProvider {
         let http = OnceLock::new();
         if let Some(c) = b.http {
-            let _ = http.set(c);
+            let _ = http.set(Http::single(c));
         }
         AzureProvider {
             env: b.env,
             clock: b.clock,
             suffixes,
             http,
+            tls_roots: b.tls_roots,
             sdk_http: b.sdk_http,
             retry: b.retry,
             timeout: b.timeout,
@@ -100,16 +102,13 @@ impl AzureProvider {
         &self.suffixes
     }
 
-    fn http(&self) -> Result<reqwest::Client, Error> {
+    /// The HTTP clients (built on first use): the proxy variables are honoured except
+    /// for loopback and link-local hosts (see `http`).
+    fn http(&self) -> Result<Http, Error> {
         if let Some(c) = self.http.get() {
             return Ok(c.clone());
         }
-        let c = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(20))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| Error::invalid_config("cannot build the HTTP client").with_source(e))?;
+        let c = Http::build(&self.tls_roots)?;
         Ok(self.http.get_or_init(|| c).clone())
     }
 

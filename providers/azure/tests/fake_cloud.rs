@@ -117,6 +117,46 @@ async fn exchange_429_and_503_are_transient() {
 }
 
 #[tokio::test]
+async fn refresh_token_exp_in_the_year_10000_or_later_is_capped() {
+    // A year-10000 `exp` once reached RFC 3339 formatting, which panicked (an abort in
+    // the release build). It is capped at MAX_LIFETIME from now at the provider boundary.
+    let s = scenario(false).await;
+    for exp in [253_402_300_800_u64, u64::MAX / 2] {
+        let refresh = jwt(serde_json::json!({"exp": exp, "tid": TENANT}));
+        s.running.fake.script_exchange(
+            200,
+            &serde_json::json!({ "refresh_token": refresh }).to_string(),
+        );
+        let cred = fetch(&s).await.expect("credential");
+        assert_eq!(cred.secret().expose_secret(), refresh);
+        assert_eq!(
+            cred.expires_at(),
+            Some(s.clock.now_for_test() + regbroker_provider::MAX_LIFETIME),
+            "exp {exp}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_exchange_answer_over_the_size_cap_is_a_bad_response() {
+    let s = scenario(false).await;
+    let huge = format!(
+        r#"{{"refresh_token":"{}","pad":"{}"}}"#,
+        s.running.fake.refresh_token(),
+        "x".repeat(regbroker_provider::MAX_UPSTREAM_BODY)
+    );
+    s.running.fake.script_exchange(200, &huge);
+    let e = fetch(&s).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::BadResponse, "{e}");
+    assert!(e.message().contains("larger than"), "{e}");
+    assert_no_secret_in_error(&s, &e);
+    // An error body over the cap is cut too, and still classified by its status.
+    s.running.fake.script_exchange(503, &"y".repeat(1 << 20));
+    let e = fetch(&s).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+}
+
+#[tokio::test]
 async fn aad_500_then_success() {
     let s = scenario(false).await;
     s.running.fake.script_aad(
@@ -260,10 +300,25 @@ const CHILD_FLAG: &str = "REGBROKER_AZURE_TEST_CHILD";
 const CHILD_CA: &str = "REGBROKER_AZURE_TEST_CA_PEM";
 const CHILD_OK: &str = "REGBROKER-AZURE-CHILD-OK";
 const CHILD_IMDS: &str = "REGBROKER_AZURE_TEST_IMDS";
+/// Set: the child builds the provider's own HTTP clients (trusting the test CA) instead
+/// of passing one, so the proxy variables reach reqwest as in production.
+const CHILD_OWN_CLIENTS: &str = "REGBROKER_AZURE_TEST_OWN_CLIENTS";
 
 /// Runs `managed_identity_child` in a child process, with the App Service managed
 /// identity variables or (with `imds`) none of them, and returns the fake's record.
 async fn run_managed_identity_child(client_id: Option<&str>, imds: bool) -> Running {
+    let (running, out) = spawn_managed_identity_child(client_id, imds, &[]).await;
+    assert_child_ok(&out);
+    running
+}
+
+/// Runs `managed_identity_child` in a child process against fresh fakes, with the
+/// managed identity env (App Service endpoint, or IMDS when `imds`) plus `extra` env.
+async fn spawn_managed_identity_child(
+    client_id: Option<&str>,
+    imds: bool,
+    extra: &[(&str, String)],
+) -> (Running, std::process::Output) {
     let running = start().await;
     let exe = std::env::current_exe().unwrap();
     let mut cmd = tokio::process::Command::new(exe);
@@ -282,7 +337,7 @@ async fn run_managed_identity_child(client_id: Option<&str>, imds: bool) -> Runn
         "MSI_ENDPOINT",
         "MSI_SECRET",
     ];
-    for k in Env::NAMES.iter().chain(&sdk_sources) {
+    for k in Env::NAMES.iter().chain(&sdk_sources).chain(PROXY_VARS) {
         cmd.env_remove(k);
     }
     cmd.env(CHILD_FLAG, "1")
@@ -298,17 +353,92 @@ async fn run_managed_identity_child(client_id: Option<&str>, imds: bool) -> Runn
         cmd.env("IDENTITY_ENDPOINT", running.msi_endpoint())
             .env("IDENTITY_HEADER", MSI_HEADER);
     }
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
     let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
         .await
         .expect("child finished in time")
         .expect("child ran");
+    (running, out)
+}
+
+fn assert_child_ok(out: &std::process::Output) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success() && stdout.contains(CHILD_OK),
         "child failed or did not run:\n{stdout}\n{stderr}"
     );
-    running
+}
+
+/// Every proxy variable reqwest reads (both spellings).
+const PROXY_VARS: &[&str] = &[
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+    "NO_PROXY",
+    "no_proxy",
+];
+
+/// A proxy on loopback that records the head of every request it receives and answers
+/// 502 (it forwards nothing).
+async fn recording_proxy() -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let sink = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let sink = sink.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 65536 {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                sink.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&head).into_owned());
+                let _ = tcp
+                    .write_all(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn managed_identity_requests_never_go_through_a_proxy() {
+    // HTTP_PROXY and friends are honoured for Entra ID and the exchange, never for a
+    // loopback or link-local identity endpoint: the proxy would get the token request
+    // with its `x-identity-header` secret, and the token.
+    let (proxy, seen) = recording_proxy().await;
+    let env: Vec<(&str, String)> = PROXY_VARS
+        .iter()
+        .filter(|k| !k.eq_ignore_ascii_case("no_proxy"))
+        .map(|k| (*k, proxy.clone()))
+        .chain([(CHILD_OWN_CLIENTS, "1".to_string())])
+        .collect();
+    let (running, out) = spawn_managed_identity_child(Some(CLIENT_ID), false, &env).await;
+    let through_proxy = seen.lock().unwrap().clone();
+    assert!(
+        through_proxy.is_empty(),
+        "the proxy received {} request(s); first: {:?}",
+        through_proxy.len(),
+        through_proxy.first()
+    );
+    assert_child_ok(&out);
+    assert_eq!(running.fake.msi_calls.load(Ordering::SeqCst), 1);
+    assert_eq!(running.fake.exchange_calls.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
@@ -364,9 +494,13 @@ async fn managed_identity_child() {
     let client = client_trusting(&ca);
     let mut builder = AzureProvider::builder()
         .env(Env::from_process())
-        .http_client(client.clone())
         .retry(1, Duration::from_millis(20))
         .timeout(Duration::from_secs(10));
+    builder = if std::env::var_os(CHILD_OWN_CLIENTS).is_some() {
+        builder.tls_root_pem(ca.as_bytes())
+    } else {
+        builder.http_client(client.clone())
+    };
     if let Ok(fake_http) = std::env::var(CHILD_IMDS) {
         builder = builder.sdk_http_client(Arc::new(ImdsToLoopback {
             inner: client,

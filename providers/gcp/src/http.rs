@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use regbroker_provider::Error;
+use regbroker_provider::{Error, MAX_UPSTREAM_BODY};
 use secrecy::SecretString;
 use serde::Deserialize;
 
@@ -118,20 +118,25 @@ pub(crate) async fn send(
         let failure = match build().send().await {
             Ok(resp) => {
                 let status = resp.status().as_u16();
-                match resp.bytes().await {
-                    Ok(body) if (200..300).contains(&status) => {
+                match read_capped(resp).await {
+                    Err(TooLarge) if (200..300).contains(&status) => {
+                        return Err(Error::bad_response(format!(
+                            "{what} answered with a body larger than {MAX_UPSTREAM_BODY} bytes"
+                        )));
+                    }
+                    // An error body over the cap is not read; the status still counts.
+                    Err(TooLarge) => Failure::Status(status, Vec::new()),
+                    Ok(Ok(body)) if (200..300).contains(&status) => {
                         tracing::debug!(
                             upstream = upstream.as_str(),
                             status,
                             "Token call answered"
                         );
-                        return Ok(Success {
-                            body: secrecy::zeroize::Zeroizing::new(body.to_vec()),
-                        });
+                        return Ok(Success { body });
                     }
-                    Ok(body) => Failure::Status(status, body.to_vec()),
-                    Err(e) if e.is_timeout() => Failure::Timeout(e),
-                    Err(e) => Failure::Other(e),
+                    Ok(Ok(body)) => Failure::Status(status, body.to_vec()),
+                    Ok(Err(e)) if e.is_timeout() => Failure::Timeout(e),
+                    Ok(Err(e)) => Failure::Other(e),
                 }
             }
             Err(e) if e.is_connect() => Failure::Connect(e),
@@ -151,6 +156,35 @@ pub(crate) async fn send(
             continue;
         }
         return Err(to_error(upstream, what, failure));
+    }
+}
+
+/// A body over [`MAX_UPSTREAM_BODY`].
+struct TooLarge;
+
+/// Reads a body of at most [`MAX_UPSTREAM_BODY`] bytes into memory that is wiped on drop;
+/// nothing past the cap is buffered. `Ok(Err(..))` is a transport error while reading.
+async fn read_capped(
+    mut resp: reqwest::Response,
+) -> Result<Result<secrecy::zeroize::Zeroizing<Vec<u8>>, reqwest::Error>, TooLarge> {
+    if resp
+        .content_length()
+        .is_some_and(|n| n > MAX_UPSTREAM_BODY as u64)
+    {
+        return Err(TooLarge);
+    }
+    let mut body = secrecy::zeroize::Zeroizing::new(Vec::new());
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                if body.len() + chunk.len() > MAX_UPSTREAM_BODY {
+                    return Err(TooLarge);
+                }
+                body.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(Ok(body)),
+            Err(e) => return Ok(Err(e)),
+        }
     }
 }
 

@@ -101,10 +101,11 @@ impl GcpProvider {
             expires_at = ?token.expires_at,
             "Fetched Google access token"
         );
-        Ok(Credential::new(
+        Ok(Credential::issued(
             USERNAME,
             token.secret,
             Some(token.expires_at),
+            self.clock.now(),
         ))
     }
 }

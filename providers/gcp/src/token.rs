@@ -11,8 +11,8 @@ use regbroker_provider::{Error, ExposeSecret, SecretString};
 pub const FALLBACK_TTL: Duration = Duration::from_secs(5 * 60);
 
 /// The longest lifetime believed, whatever an upstream says (Google tokens last at most
-/// 12 hours, usually 1).
-const MAX_TTL: Duration = Duration::from_secs(12 * 60 * 60);
+/// 12 hours, usually 1): the common cap of every provider.
+const MAX_TTL: Duration = regbroker_provider::MAX_LIFETIME;
 
 /// An OAuth 2.0 access token.
 #[derive(Debug)]

@@ -66,6 +66,52 @@ async fn metadata_token_needs_the_flavor_header_and_carries_its_expiry() {
     assert_eq!(last.headers.get("metadata-flavor").unwrap(), "Google");
 }
 
+/// A metadata server answering every token request with `body` (status 200).
+async fn mds_answering(body: String) -> Fake {
+    Fake::start(Router::new().route(
+        MDS_PATH,
+        get(move || {
+            let body = body.clone();
+            async move { ([("content-type", "application/json")], body) }
+        }),
+    ))
+    .await
+}
+
+#[tokio::test]
+async fn a_huge_expires_in_is_capped_at_the_max_lifetime() {
+    for expires_in in [u64::MAX, 253_402_300_800] {
+        let fake = mds_answering(
+            json!({"access_token": "ya29.far", "expires_in": expires_in}).to_string(),
+        )
+        .await;
+        let clock = ManualClock::fixed();
+        let cred = fetch(&metadata_provider(&fake, &clock), "gcr.io")
+            .await
+            .unwrap();
+        assert_eq!(
+            cred.expires_at(),
+            Some(clock_now(&clock) + regbroker_provider::MAX_LIFETIME)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_token_answer_over_the_size_cap_is_a_bad_response_and_not_buffered() {
+    let pad = "x".repeat(regbroker_provider::MAX_UPSTREAM_BODY);
+    let fake = mds_answering(format!(
+        r#"{{"access_token":"ya29.big-secret","expires_in":3600,"pad":"{pad}"}}"#
+    ))
+    .await;
+    let clock = ManualClock::fixed();
+    let e = fetch(&metadata_provider(&fake, &clock), "gcr.io")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::BadResponse, "{}", e.chain());
+    assert!(e.message().contains("larger than"), "{}", e.chain());
+    assert!(!e.chain().contains("ya29"), "{}", e.chain());
+}
+
 #[tokio::test]
 async fn metadata_500_then_success_is_retried() {
     let mds = Mds::failing(1, 500);

@@ -22,8 +22,8 @@ pub const POD_ACCESS_KEY: &str = "ASIAPODIDFAKEKEY0001";
 pub const POD_AUTH_TOKEN: &str = "pod-identity-auth-token-xyz";
 pub const PASSWORD: &str = "fake-ecr-password-s3cr3t";
 pub const PUBLIC_PASSWORD: &str = "fake-ecr-public-password-s3cr3t";
-/// 2030-01-01T00:00:00Z
-pub const EXPIRES_AT: u64 = 1_893_456_000;
+/// The fake's default `expiresAt`: this long after it started (ECR's tokens live 12 h).
+pub const LIFETIME: Duration = Duration::from_secs(6 * 60 * 60);
 
 /// How the fake ECR / ECR Public API answers.
 #[derive(Clone, Debug)]
@@ -62,6 +62,8 @@ pub struct Seen {
 
 struct Inner {
     mode: Mutex<Mode>,
+    /// The JSON number answered as `expiresAt`.
+    expires_at: Mutex<String>,
     seen: Mutex<Seen>,
 }
 
@@ -74,8 +76,14 @@ pub struct Fake {
 
 impl Fake {
     pub async fn start(mode: Mode) -> Fake {
+        let expires_at = regbroker_provider::Clock::now(&*regbroker_provider::system_clock())
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + LIFETIME.as_secs();
         let inner = Arc::new(Inner {
             mode: Mutex::new(mode),
+            expires_at: Mutex::new(format!("{expires_at}.0")),
             seen: Mutex::new(Seen::default()),
         });
         let app = Router::new().fallback(handle).with_state(inner.clone());
@@ -93,6 +101,17 @@ impl Fake {
 
     pub fn seen<R>(&self, f: impl FnOnce(&Seen) -> R) -> R {
         f(&self.inner.seen.lock().unwrap())
+    }
+
+    /// The `expiresAt` the fake answers, in whole Unix seconds.
+    pub fn expires_at(&self) -> u64 {
+        let raw = self.inner.expires_at.lock().unwrap().clone();
+        raw.trim_end_matches(".0").parse().unwrap()
+    }
+
+    /// Answers `raw` (a JSON number, e.g. `253402300800.0`) as `expiresAt` from now on.
+    pub fn set_expires_at(&self, raw: &str) {
+        *self.inner.expires_at.lock().unwrap() = raw.to_string();
     }
 }
 
@@ -266,8 +285,9 @@ async fn handle(
             b64(&format!("AWS:{PASSWORD}"))
         }
     };
+    let expires_at = inner.expires_at.lock().unwrap().clone();
     let data = format!(
-        r#"{{"authorizationToken":"{token}","expiresAt":{EXPIRES_AT}.0,"proxyEndpoint":"https://x"}}"#
+        r#"{{"authorizationToken":"{token}","expiresAt":{expires_at},"proxyEndpoint":"https://x"}}"#
     );
     if public {
         json(200, format!(r#"{{"authorizationData":{data}}}"#))
