@@ -19,7 +19,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use criterion::{Criterion, criterion_group, criterion_main};
 use regbroker::broker::Broker;
-use regbroker::broker::cache::{Cache, Key};
+use regbroker::broker::cache::{Cache, Key, Need};
 use regbroker::broker::providers::Providers;
 use regbroker::broker::routing::Pattern;
 use regbroker::broker::static_secret;
@@ -77,15 +77,15 @@ fn cache_hit(c: &mut Criterion) {
             Box::pin(async move { Ok(Credential::new("AWS", "token", Some(expires))) })
         }
     };
-    rt.block_on(cache.get_or_fetch(&key, fresh.clone()))
+    rt.block_on(cache.get_or_fetch(&key, Need::Servable, fresh.clone()))
         .unwrap();
     let (_, outcome) = rt
-        .block_on(cache.get_or_fetch(&key, fresh.clone()))
+        .block_on(cache.get_or_fetch(&key, Need::Servable, fresh.clone()))
         .unwrap();
     assert_eq!(outcome, regbroker::broker::cache::Outcome::Hit);
     c.bench_function("cache_hit", |b| {
         b.to_async(&rt)
-            .iter(|| cache.get_or_fetch(black_box(&key), fresh.clone()))
+            .iter(|| cache.get_or_fetch(black_box(&key), Need::Servable, fresh.clone()))
     });
 }
 

@@ -49,6 +49,8 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     cache: Family<ResultLabels, Counter>,
+    cache_refreshes: Family<ResultLabels, Counter>,
+    fetches_dropped: Family<ResultLabels, Counter>,
     served: Family<SourceLabels, Counter>,
     upstream: Family<UpstreamLabels, Counter>,
     upstream_seconds: Family<ProviderLabels, Histogram, fn() -> Histogram>,
@@ -76,8 +78,20 @@ impl Metrics {
         let cache = Family::<ResultLabels, Counter>::default();
         registry.register(
             "cache_lookups",
-            "Credential cache lookups by result (hit, miss, refresh, stale)",
+            "Credential cache lookups by result (hit, miss, refresh_ahead, refresh, stale)",
             cache.clone(),
+        );
+        let cache_refreshes = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "cache_refreshes",
+            "Refreshes of a cached credential by result (started, ok, failed)",
+            cache_refreshes.clone(),
+        );
+        let fetches_dropped = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "fetches_dropped",
+            "Upstream fetches not made, by reason (overloaded: the queue was full; abandoned: every waiting client gave up while it was queued)",
+            fetches_dropped.clone(),
         );
         let served = Family::<SourceLabels, Counter>::default();
         registry.register(
@@ -116,6 +130,8 @@ impl Metrics {
             registry,
             requests,
             cache,
+            cache_refreshes,
+            fetches_dropped,
             served,
             upstream,
             upstream_seconds,
@@ -134,6 +150,20 @@ impl Metrics {
     /// Counts a cache lookup.
     pub fn cache_lookup(&self, result: &'static str) {
         self.cache.get_or_create(&ResultLabels { result }).inc();
+    }
+
+    /// Counts a refresh of a cached credential: `started`, then `ok` or `failed`.
+    pub fn cache_refresh(&self, result: &'static str) {
+        self.cache_refreshes
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// Counts an upstream fetch not made (`overloaded`, `abandoned`).
+    pub fn fetch_dropped(&self, result: &'static str) {
+        self.fetches_dropped
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     /// Counts a credential served.

@@ -269,9 +269,15 @@ async fn credential_is_refreshed_after_the_configured_fraction_and_never_served_
         .then(Answer::Credential(Some(Duration::from_secs(1000))));
     let (_, body) = srv.credentials("a.fake.test").await;
     assert_eq!(
-        body["password"], "fake-secret-2",
-        "refreshed after the fraction"
+        body["password"], "fake-secret-1",
+        "past the refresh point the cached credential is answered at once"
     );
+    // ...while the refresh runs in the background and replaces it.
+    common::eventually(
+        "the background refresh replaces the credential",
+        async || srv.credentials("a.fake.test").await.1["password"] == "fake-secret-2",
+    )
+    .await;
     assert_eq!(srv.fake.calls(), 2);
 
     // From here every refresh fails. Between the refresh point and the stale point the
@@ -284,9 +290,23 @@ async fn credential_is_refreshed_after_the_configured_fraction_and_never_served_
     assert_eq!(status, 200);
     assert_eq!(
         body["password"], "fake-secret-2",
+        "refresh due; still valid, still served"
+    );
+    common::eventually("the background refresh is tried", async || {
+        srv.fake.calls() == 3
+    })
+    .await;
+    let (status, body) = srv.credentials("a.fake.test").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body["password"], "fake-secret-2",
         "refresh failed; still valid, still served"
     );
-    assert_eq!(srv.fake.calls(), 3);
+    assert_eq!(
+        srv.fake.calls(),
+        3,
+        "the failure pause holds further refreshes"
+    );
 
     srv.clock.advance(Duration::from_secs(401)); // 901 s: within min_remaining of expiry
     let (status, body) = srv.credentials("a.fake.test").await;

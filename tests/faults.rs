@@ -125,3 +125,78 @@ async fn credential_expiring_in_seconds_is_served_once_and_refetched() {
         "fake-secret-2"
     );
 }
+
+#[tokio::test]
+async fn an_upstream_hanging_at_the_refresh_point_keeps_no_request_waiting() {
+    let srv = TestServer::builder().start().await;
+    srv.fake
+        .then(Answer::Credential(Some(Duration::from_secs(3600))));
+    assert_eq!(
+        srv.credentials("a.fake.test").await.1["password"],
+        "fake-secret-1"
+    );
+    // Past the refresh point (2856 s), upstream hangs: every request is still answered
+    // with the cached credential while the one refresh is stuck upstream.
+    srv.clock.advance(Duration::from_secs(2900));
+    srv.fake.close_gate();
+    let answers =
+        futures_util::future::join_all((0..10).map(|_| srv.credentials("a.fake.test"))).await;
+    for (status, body) in answers {
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["password"], "fake-secret-1");
+    }
+    assert_eq!(
+        srv.fake.in_flight(),
+        1,
+        "all ten were answered while the single refresh still hangs"
+    );
+    assert_eq!(srv.fake.calls(), 2);
+    let metrics = srv.metrics.encode();
+    assert!(
+        metrics.contains("regbroker_cache_refreshes_total{result=\"started\"} 1"),
+        "{metrics}"
+    );
+    // Healed: the refresh lands and replaces the credential, nobody having waited.
+    srv.fake.open_gate();
+    common::eventually("the refreshed credential is served", async || {
+        srv.credentials("a.fake.test").await.1["password"] == "fake-secret-2"
+    })
+    .await;
+    assert!(
+        srv.metrics
+            .encode()
+            .contains("regbroker_cache_refreshes_total{result=\"ok\"} 1")
+    );
+}
+
+#[tokio::test]
+async fn a_full_fetch_queue_answers_503_overloaded_at_once() {
+    let srv = TestServer::builder()
+        .config("[cache]\nmax_concurrent_fetches = 1\nmax_queued_fetches = 0\n")
+        .start()
+        .await;
+    srv.fake.close_gate();
+    let base = srv.base.clone();
+    let client = srv.client.clone();
+    let stuck = tokio::spawn(async move {
+        client
+            .get(format!("{base}/v1/credentials?registry=a.fake.test"))
+            .send()
+            .await
+    });
+    common::eventually("the first fetch holds the only slot", async || {
+        srv.fake.in_flight() == 1
+    })
+    .await;
+    let (status, body) = srv.credentials("b.own-scope.fake.test").await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "overloaded");
+    assert_eq!(srv.fake.calls(), 1, "the refused key never went upstream");
+    assert!(
+        srv.metrics
+            .encode()
+            .contains("regbroker_fetches_dropped_total{result=\"overloaded\"} 1")
+    );
+    srv.fake.open_gate();
+    assert_eq!(stuck.await.unwrap().unwrap().status(), 200);
+}

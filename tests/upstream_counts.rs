@@ -167,6 +167,12 @@ async fn simulated_day(extra_config: &str) -> Arc<common::FakeProvider> {
                 "served a credential that expires within the margin"
             );
         }
+        // A refresh due this minute runs in the background: let it land before the
+        // simulated clock moves on, as it would within real seconds.
+        common::eventually("background refreshes finish", async || {
+            srv.broker.cache().fetches_in_progress() == 0
+        })
+        .await;
         srv.clock.advance(Duration::from_secs(60));
     }
     srv.fake.clone()

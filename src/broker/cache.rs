@@ -5,10 +5,23 @@
 //! own timers (moka only evicts entries once they are useless). Concurrent misses for one
 //! key share one upstream call: the first caller spawns the fetch, the others await it.
 //! A fetch runs as its own task, so a client that disconnects does not cancel the call
-//! other clients are waiting for. At most `max_concurrent_fetches` fetches run at once.
+//! other clients are waiting for.
+//!
+//! From a credential's refresh point to its stale point, a request ([`Need::Servable`])
+//! is answered at once with the cached credential while one fetch per key runs in the
+//! background; only a caller with nothing servable, or one that asks for
+//! [`Need::Fresh`] (the sinks, the one-shot modes), waits for the fetch.
+//!
+//! Upstream work is bounded three ways: at most `max_concurrent_fetches` fetches run at
+//! once; at most `max_queued_fetches` more wait for a slot (beyond that a new key fails
+//! at once with `overloaded`); and `fetch_timeout` counts from the moment a fetch is
+//! queued, not from when it gets its slot. A queued fetch nobody waits for any more
+//! (every client gave up) is dropped before it starts; one already running completes, for
+//! the cache.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use std::time::{Duration, SystemTime};
 use tokio::sync::Mutex as AsyncMutex;
@@ -19,6 +32,8 @@ use moka::Expiry;
 use regbroker_provider::{Credential, Error, SharedClock};
 use serde::Deserialize;
 use tokio::sync::Semaphore;
+
+use crate::metrics::Metrics;
 
 /// Cache settings: the `[cache]` table of the config file.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
@@ -44,7 +59,11 @@ pub struct Config {
     pub capacity: u64,
     /// Most upstream fetches running at once, across all keys.
     pub max_concurrent_fetches: usize,
-    /// Longest one upstream fetch may take, the provider's own retries included.
+    /// Most fetches waiting for one of those slots; a new key beyond that fails at once
+    /// with `overloaded` (503) rather than joining an unbounded queue.
+    pub max_queued_fetches: usize,
+    /// Longest one upstream fetch may take, from the moment it is queued (the wait for a
+    /// fetch slot and the provider's own retries included).
     #[serde(with = "humantime_serde")]
     pub fetch_timeout: Duration,
     /// After a failed fetch, answer the same error for this long without asking upstream
@@ -67,6 +86,7 @@ impl Default for Config {
             fallback_ttl: Duration::from_secs(60),
             capacity: 10_000,
             max_concurrent_fetches: 32,
+            max_queued_fetches: 1024,
             fetch_timeout: Duration::from_secs(30),
             failure_backoff: Duration::from_secs(1),
             max_failure_backoff: Duration::from_secs(30),
@@ -105,8 +125,8 @@ impl Config {
 /// served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lifetime {
-    /// From here on, the next request fetches a new credential (and falls back to this
-    /// one if that fails, until `stale_at`).
+    /// From here on, a request starts a background fetch of a new credential and is
+    /// still answered with this one (until `stale_at`, also when that fetch fails).
     pub refresh_at: SystemTime,
     /// From here on, this credential is never served.
     pub stale_at: SystemTime,
@@ -171,10 +191,28 @@ pub enum Outcome {
     Hit,
     /// Nothing usable was cached; a fetch (possibly shared) supplied it.
     Miss,
-    /// The cached credential was due for refresh and a fetch replaced it.
+    /// The cached credential was due for refresh and served at once, while a background
+    /// fetch replaces it.
+    RefreshAhead,
+    /// The cached credential was due for refresh and the caller waited for the fetch
+    /// that replaced it ([`Need::Fresh`], or the old one was no longer servable).
     Refreshed,
     /// The refresh failed; the cached credential is still valid and was served.
     StaleServed,
+}
+
+/// What a caller needs from [`Cache::get_or_fetch`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// Any servable credential, at once if one is cached: a request from a client that
+    /// is waiting. Past the refresh point the cached one is answered and the refresh runs
+    /// in the background.
+    Servable,
+    /// The refreshed credential once the refresh point has passed, waiting for the fetch
+    /// (falling back to the cached one if it fails): the sinks, which write what they get
+    /// and come back only at its refresh point, and the one-shot modes, which exit before
+    /// a background fetch could finish.
+    Fresh,
 }
 
 impl Outcome {
@@ -183,6 +221,7 @@ impl Outcome {
         match self {
             Outcome::Hit => "hit",
             Outcome::Miss => "miss",
+            Outcome::RefreshAhead => "refresh_ahead",
             Outcome::Refreshed => "refresh",
             Outcome::StaleServed => "stale",
         }
@@ -221,16 +260,58 @@ pub fn failure_pause(config: &Config, consecutive: u32, jitter: f64) -> Duration
 type FetchResult = Result<Arc<Entry>, Arc<Error>>;
 type InFlight = Shared<BoxFuture<'static, FetchResult>>;
 
+/// Held by everyone waiting for a fetch (and by a background refresh's own task). When
+/// the last holder lets go, the sender drops and the fetch task, if still queued for a
+/// slot, gives up: nobody would read its answer.
+struct Interest {
+    _alive: tokio::sync::oneshot::Sender<()>,
+}
+
+/// A fetch in progress for a key.
+struct Flight {
+    /// Tells this flight from a later one for the same key (an abandoned flight must not
+    /// remove its successor from the map).
+    id: u64,
+    future: InFlight,
+    interest: Weak<Interest>,
+}
+
+/// Counts one fetch task as outstanding for as long as it lives, however it ends.
+struct Outstanding(Arc<AtomicUsize>);
+
+impl Outstanding {
+    fn enter(count: &Arc<AtomicUsize>) -> Outstanding {
+        count.fetch_add(1, Ordering::SeqCst);
+        Outstanding(count.clone())
+    }
+}
+
+impl Drop for Outstanding {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Whether a caller found a fetch to wait for, or a fresh entry after all.
+enum Joined {
+    Flight(InFlight, Arc<Interest>),
+    Fresh(Arc<Entry>),
+}
+
 /// The credential cache.
 #[derive(Clone)]
 pub struct Cache {
     entries: moka::future::Cache<Key, Arc<Entry>>,
-    inflight: Arc<AsyncMutex<HashMap<Key, InFlight>>>,
+    inflight: Arc<AsyncMutex<HashMap<Key, Flight>>>,
     failures: moka::future::Cache<Key, Failure>,
     fetch_permits: Arc<Semaphore>,
+    /// Fetch tasks spawned and not yet finished: running or queued for a slot.
+    outstanding: Arc<AtomicUsize>,
+    next_flight: Arc<AtomicU64>,
     config: Arc<Config>,
     clock: SharedClock,
     persist: Option<Arc<dyn Persist>>,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -294,10 +375,19 @@ impl Cache {
             inflight: Arc::default(),
             failures,
             fetch_permits: Arc::new(Semaphore::new(config.max_concurrent_fetches)),
+            outstanding: Arc::default(),
+            next_flight: Arc::default(),
             config: Arc::new(config),
             clock,
             persist: None,
+            metrics: None,
         }
+    }
+
+    /// Also counts refreshes and dropped fetches in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Cache {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// Also keeps entries in `persist`, and looks there before fetching.
@@ -325,27 +415,30 @@ impl Cache {
     }
 
     /// Returns a servable credential for `key`, calling `fetch` only when none is cached
-    /// (or it is due for refresh), and only once however many callers ask at the same time.
+    /// or it is due for refresh, and only once however many callers ask at the same time.
+    /// With [`Need::Servable`], a credential due for refresh is answered at once and the
+    /// fetch runs in the background.
     pub async fn get_or_fetch<F>(
         &self,
         key: &Key,
+        need: Need,
         fetch: F,
     ) -> Result<(Credential, Outcome), Arc<Error>>
     where
         F: FnOnce() -> BoxFuture<'static, Result<Credential, Error>>,
     {
         let cached = self.lookup(key).await;
+        let had_entry = cached.is_some();
         let now = self.clock.now();
         if let Some(entry) = cached.as_ref().filter(|e| now < e.lifetime.refresh_at) {
             return Ok((entry.credential.clone(), Outcome::Hit));
         }
+        let servable = cached.filter(|e| now < e.lifetime.stale_at);
 
         if let Some(failure) = self.failures.get(key).await.filter(|f| now < f.until) {
-            return match cached {
-                Some(entry) if now < entry.lifetime.stale_at => {
-                    Ok((entry.credential.clone(), Outcome::StaleServed))
-                }
-                _ => {
+            return match servable {
+                Some(entry) => Ok((entry.credential.clone(), Outcome::StaleServed)),
+                None => {
                     tracing::debug!(
                         provider = key.provider,
                         "Upstream failed recently; answering its error without asking again"
@@ -355,39 +448,33 @@ impl Cache {
             };
         }
 
-        let shared = {
-            let mut inflight = self.inflight.lock().await;
-            match inflight.get(key) {
-                Some(f) => f.clone(),
-                None => {
-                    // Double-check under the lock: a fetch that finished since our first
-                    // look has already stored its entry (it stores before it leaves the
-                    // in-flight map), so a fresh entry here must be served, not refetched.
-                    if let Some(entry) = self
-                        .entries
-                        .get(key)
-                        .await
-                        .filter(|e| now < e.lifetime.refresh_at)
-                    {
-                        return Ok((entry.credential.clone(), Outcome::Hit));
-                    }
-                    let f = self.spawn_fetch(key.clone(), fetch());
-                    inflight.insert(key.clone(), f.clone());
-                    f
-                }
+        if let (Some(entry), Need::Servable) = (&servable, need) {
+            self.refresh_in_background(key, fetch).await;
+            return Ok((entry.credential.clone(), Outcome::RefreshAhead));
+        }
+
+        let (shared, interest) = match self.join_or_start(key, fetch, servable.is_some()).await {
+            Ok(Joined::Fresh(entry)) => return Ok((entry.credential.clone(), Outcome::Hit)),
+            Ok(Joined::Flight(shared, interest)) => (shared, interest),
+            Err(err) => {
+                return match servable {
+                    Some(entry) => Ok((entry.credential.clone(), Outcome::StaleServed)),
+                    None => Err(err),
+                };
             }
         };
-
-        match shared.await {
+        let result = shared.await;
+        drop(interest);
+        match result {
             Ok(entry) => {
-                let outcome = if cached.is_some() {
+                let outcome = if had_entry {
                     Outcome::Refreshed
                 } else {
                     Outcome::Miss
                 };
                 Ok((entry.credential.clone(), outcome))
             }
-            Err(err) => match cached {
+            Err(err) => match servable {
                 Some(entry) if self.clock.now() < entry.lifetime.stale_at => {
                     tracing::warn!(
                         provider = key.provider,
@@ -401,22 +488,142 @@ impl Cache {
         }
     }
 
+    /// Makes sure a fetch for `key` is running, without waiting for it. A full queue
+    /// skips the refresh: the cached credential is still served and the next request
+    /// tries again.
+    async fn refresh_in_background<F>(&self, key: &Key, fetch: F)
+    where
+        F: FnOnce() -> BoxFuture<'static, Result<Credential, Error>>,
+    {
+        match self.join_or_start(key, fetch, true).await {
+            Ok(Joined::Flight(_, interest)) => {
+                // A flight we started holds its own interest (see `join_or_start`); one we
+                // joined belongs to its waiters, and we are not one.
+                drop(interest);
+            }
+            Ok(Joined::Fresh(_)) => {}
+            Err(err) => {
+                tracing::debug!(provider = key.provider, error = %err, "Background refresh not started");
+            }
+        }
+    }
+
+    /// Joins the fetch in flight for `key`, or starts one. Fails with `overloaded` when
+    /// the queue is full. A started refresh (`refresh`) keeps its own interest, so it runs
+    /// to the end even if nobody waits; a miss is dropped while still queued once its
+    /// waiters are gone.
+    async fn join_or_start<F>(
+        &self,
+        key: &Key,
+        fetch: F,
+        refresh: bool,
+    ) -> Result<Joined, Arc<Error>>
+    where
+        F: FnOnce() -> BoxFuture<'static, Result<Credential, Error>>,
+    {
+        let mut inflight = self.inflight.lock().await;
+        if let Some(flight) = inflight.get(key)
+            && let Some(interest) = flight.interest.upgrade()
+        {
+            return Ok(Joined::Flight(flight.future.clone(), interest));
+        }
+        // Double-check under the lock: a fetch that finished since our first look has
+        // already stored its entry (it stores before it leaves the in-flight map), so a
+        // fresh entry here must be served, not refetched.
+        let now = self.clock.now();
+        if let Some(entry) = self
+            .entries
+            .get(key)
+            .await
+            .filter(|e| now < e.lifetime.refresh_at)
+        {
+            return Ok(Joined::Fresh(entry));
+        }
+        let bound = self.config.max_concurrent_fetches + self.config.max_queued_fetches;
+        if self.outstanding.load(Ordering::SeqCst) >= bound {
+            self.count_dropped("overloaded");
+            tracing::warn!(
+                provider = key.provider,
+                running = self.config.max_concurrent_fetches,
+                queued = self.config.max_queued_fetches,
+                "Fetch queue full; refusing a new key"
+            );
+            return Err(Arc::new(Error::new(
+                regbroker_provider::ErrorKind::Overloaded,
+                format!(
+                    "too many credential fetches in progress ({} running, {} queued); try again shortly",
+                    self.config.max_concurrent_fetches, self.config.max_queued_fetches
+                ),
+            )));
+        }
+        let (alive, abandoned) = tokio::sync::oneshot::channel();
+        let interest = Arc::new(Interest { _alive: alive });
+        let id = self.next_flight.fetch_add(1, Ordering::Relaxed);
+        let own = refresh.then(|| interest.clone());
+        let future = self.spawn_fetch(key.clone(), id, fetch(), abandoned, own, refresh);
+        inflight.insert(
+            key.clone(),
+            Flight {
+                id,
+                future: future.clone(),
+                interest: Arc::downgrade(&interest),
+            },
+        );
+        Ok(Joined::Flight(future, interest))
+    }
+
+    fn count_dropped(&self, reason: &'static str) {
+        if let Some(m) = &self.metrics {
+            m.fetch_dropped(reason);
+        }
+    }
+
+    fn count_refresh(&self, result: &'static str) {
+        if let Some(m) = &self.metrics {
+            m.cache_refresh(result);
+        }
+    }
+
     fn spawn_fetch(
         &self,
         key: Key,
+        id: u64,
         fetch: BoxFuture<'static, Result<Credential, Error>>,
+        mut abandoned: tokio::sync::oneshot::Receiver<()>,
+        own_interest: Option<Arc<Interest>>,
+        refresh: bool,
     ) -> InFlight {
         let this = self.clone();
+        let outstanding = Outstanding::enter(&self.outstanding);
+        if refresh {
+            self.count_refresh("started");
+        }
         let task = tokio::spawn(async move {
-            let result = {
-                let _permit = this.fetch_permits.acquire().await;
-                let timeout = this.config.fetch_timeout;
-                match tokio::time::timeout(timeout, fetch).await {
-                    Ok(r) => r,
-                    Err(_) => Err(Error::timed_out(format!(
-                        "no answer from upstream within {}",
-                        humantime::format_duration(timeout)
-                    ))),
+            // Held to the end: a background refresh completes for the cache.
+            let _own_interest = own_interest;
+            let timeout = this.config.fetch_timeout;
+            let deadline = tokio::time::Instant::now() + timeout;
+            let permit = tokio::select! {
+                biased;
+                permit = tokio::time::timeout_at(deadline, this.fetch_permits.acquire()) => Some(permit),
+                _ = &mut abandoned => None,
+            };
+            let result = match permit {
+                None => Err(None),
+                Some(Err(_)) => Err(Some(Error::timed_out(format!(
+                    "no free upstream fetch slot within {} ({} fetches running)",
+                    humantime::format_duration(timeout),
+                    this.config.max_concurrent_fetches
+                )))),
+                Some(Ok(permit)) => {
+                    let _permit = permit;
+                    match tokio::time::timeout_at(deadline, fetch).await {
+                        Ok(r) => r.map_err(Some),
+                        Err(_) => Err(Some(Error::timed_out(format!(
+                            "no answer from upstream within {}",
+                            humantime::format_duration(timeout)
+                        )))),
+                    }
                 }
             };
             let result = match result {
@@ -431,9 +638,12 @@ impl Cache {
                     if let Some(p) = &this.persist {
                         p.store(&key, &entry);
                     }
+                    if refresh {
+                        this.count_refresh("ok");
+                    }
                     Ok(entry)
                 }
-                Err(e) => {
+                Err(Some(e)) => {
                     let error = Arc::new(e);
                     let consecutive =
                         this.failures.get(&key).await.map_or(0, |f| f.consecutive) + 1;
@@ -445,10 +655,31 @@ impl Cache {
                         error: error.clone(),
                     };
                     this.failures.insert(key.clone(), failure).await;
+                    if refresh {
+                        this.count_refresh("failed");
+                    }
                     Err(error)
                 }
+                Err(None) => {
+                    // Every waiter left while the fetch was still queued: nobody reads
+                    // this, and upstream was never asked, so no failure is recorded.
+                    this.count_dropped("abandoned");
+                    tracing::debug!(
+                        provider = key.provider,
+                        "Queued fetch dropped: nobody waits for it"
+                    );
+                    Err(Arc::new(Error::unavailable(
+                        "the fetch was dropped: every client waiting for it gave up",
+                    )))
+                }
             };
-            this.inflight.lock().await.remove(&key);
+            {
+                let mut inflight = this.inflight.lock().await;
+                if inflight.get(&key).is_some_and(|f| f.id == id) {
+                    inflight.remove(&key);
+                }
+            }
+            drop(outstanding);
             result
         });
         async move {
@@ -461,6 +692,12 @@ impl Cache {
         }
         .boxed()
         .shared()
+    }
+
+    /// Fetches running or queued now (for tests and benchmarks that let background
+    /// refreshes finish before moving a simulated clock).
+    pub fn fetches_in_progress(&self) -> usize {
+        self.outstanding.load(Ordering::SeqCst)
     }
 
     /// Number of cached credentials (approximate; for metrics and benchmarks).
@@ -592,5 +829,422 @@ mod tests {
         };
         assert!(bad.validate().unwrap_err().contains("min_refresh"));
         assert!(Config::default().validate().is_ok());
+    }
+
+    mod fetching {
+        //! The fetch paths, on tokio's paused clock: a request that waits for an upstream
+        //! hanging forever would let tokio jump the clock to the fetch timeout, so "no
+        //! time passed" proves no request waited.
+
+        use super::super::*;
+        use regbroker_provider::{ExposeSecret, ManualClock};
+        use std::sync::atomic::AtomicUsize;
+        use tokio::time::Instant;
+
+        const HOUR: Duration = Duration::from_secs(3600);
+
+        fn key(scope: &str) -> Key {
+            Key {
+                provider: "fake",
+                scope: scope.to_string(),
+            }
+        }
+
+        /// A fetch closure answering `secret`, living an hour, after `delay` (tokio
+        /// time); `None` delay: never answers. `calls` counts the times upstream is
+        /// asked: when the fetch is first polled, as a provider's request would go out.
+        fn answer(
+            clock: &ManualClock,
+            calls: &Arc<AtomicUsize>,
+            secret: &'static str,
+            delay: Option<Duration>,
+        ) -> impl FnOnce() -> BoxFuture<'static, Result<Credential, Error>> + use<> {
+            let clock = clock.clone();
+            let calls = calls.clone();
+            move || {
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    match delay {
+                        Some(d) => tokio::time::sleep(d).await,
+                        None => std::future::pending::<()>().await,
+                    }
+                    let now = regbroker_provider::Clock::now(&clock);
+                    Ok(Credential::new("u", secret.to_string(), Some(now + HOUR)))
+                }
+                .boxed()
+            }
+        }
+
+        fn failing(
+            calls: &Arc<AtomicUsize>,
+        ) -> impl FnOnce() -> BoxFuture<'static, Result<Credential, Error>> + use<> {
+            let calls = calls.clone();
+            move || {
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Err(Error::unavailable("upstream down"))
+                }
+                .boxed()
+            }
+        }
+
+        fn cache(config: Config) -> (Cache, ManualClock) {
+            let clock =
+                ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000));
+            (Cache::new(config, Arc::new(clock.clone())), clock)
+        }
+
+        fn secret(c: &Credential) -> String {
+            c.secret().expose_secret().to_string()
+        }
+
+        /// Lets spawned tasks run without moving tokio's clock.
+        async fn settle() {
+            for _ in 0..50 {
+                tokio::task::yield_now().await;
+            }
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn past_the_refresh_point_requests_are_answered_at_once_while_the_refresh_hangs() {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            // 0.8 of (1 h - 30 s) = 2856 s: past the refresh point, before the stale one.
+            clock.advance(Duration::from_secs(2900));
+            let started = Instant::now();
+            for _ in 0..10 {
+                let (c, outcome) = cache
+                    .get_or_fetch(&k, Need::Servable, answer(&clock, &calls, "new", None))
+                    .await
+                    .unwrap();
+                assert_eq!(secret(&c), "old");
+                assert_eq!(outcome, Outcome::RefreshAhead);
+            }
+            assert_eq!(
+                started.elapsed(),
+                Duration::ZERO,
+                "a request waited for the hanging refresh"
+            );
+            settle().await;
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                2,
+                "one background refresh for ten requests"
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_failed_background_refresh_serves_the_cached_credential_until_stale_then_the_error()
+         {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            clock.advance(Duration::from_secs(2900));
+            let (c, outcome) = cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await
+                .unwrap();
+            assert_eq!(
+                (secret(&c).as_str(), outcome),
+                ("old", Outcome::RefreshAhead)
+            );
+            settle().await;
+            // The refresh failed: inside the failure pause the cached one is served stale.
+            let (c, outcome) = cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await
+                .unwrap();
+            assert_eq!(
+                (secret(&c).as_str(), outcome),
+                ("old", Outcome::StaleServed)
+            );
+            // Past the stale point (1 h - 30 s) it is never served: the error is answered.
+            clock.advance(Duration::from_secs(700));
+            let err = cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), regbroker_provider::ErrorKind::Unavailable);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_healed_refresh_replaces_the_credential_without_a_request_waiting() {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            clock.advance(Duration::from_secs(2900));
+            let started = Instant::now();
+            let (c, _) = cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "new", Some(Duration::from_secs(5))),
+                )
+                .await
+                .unwrap();
+            assert_eq!(secret(&c), "old");
+            assert_eq!(started.elapsed(), Duration::ZERO);
+            // Once the background fetch has answered, the next request gets the new one
+            // as a plain hit.
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            let (c, outcome) = cache
+                .get_or_fetch(&k, Need::Servable, answer(&clock, &calls, "never", None))
+                .await
+                .unwrap();
+            assert_eq!((secret(&c).as_str(), outcome), ("new", Outcome::Hit));
+            assert_eq!(calls.load(Ordering::SeqCst), 2);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_fresh_caller_waits_for_the_due_refresh_and_joins_the_background_one() {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            clock.advance(Duration::from_secs(2900));
+            // A request starts the background refresh; the sink then waits for that one.
+            cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "new", Some(Duration::from_secs(5))),
+                )
+                .await
+                .unwrap();
+            let (c, outcome) = cache
+                .get_or_fetch(&k, Need::Fresh, answer(&clock, &calls, "never", None))
+                .await
+                .unwrap();
+            assert_eq!((secret(&c).as_str(), outcome), ("new", Outcome::Refreshed));
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                2,
+                "the sink joined the running refresh"
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn the_wait_for_a_fetch_slot_counts_against_the_fetch_timeout() {
+            let (cache, clock) = cache(Config {
+                max_concurrent_fetches: 1,
+                fetch_timeout: Duration::from_secs(5),
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            let hog = {
+                let (cache, f) = (cache.clone(), answer(&clock, &calls, "x", None));
+                tokio::spawn(
+                    async move { cache.get_or_fetch(&key("hog"), Need::Servable, f).await },
+                )
+            };
+            settle().await;
+            tokio::time::advance(Duration::from_secs(2)).await;
+            // Queued 2 s after the hog took the only slot, which it holds until its own
+            // deadline (5 s): our one deadline ends 5 s after we asked, the 3 s spent
+            // queued included, not 5 s after we got the slot.
+            let started = Instant::now();
+            let err = cache
+                .get_or_fetch(&key("b"), Need::Servable, answer(&clock, &calls, "b", None))
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), regbroker_provider::ErrorKind::TimedOut);
+            assert_eq!(
+                started.elapsed(),
+                Duration::from_secs(5),
+                "one deadline, from the moment it was queued"
+            );
+            assert!(hog.await.unwrap().is_err());
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_full_fetch_queue_fails_a_new_key_at_once_with_overloaded() {
+            let (cache, clock) = cache(Config {
+                max_concurrent_fetches: 1,
+                max_queued_fetches: 2,
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            let mut waiting = Vec::new();
+            for i in 0..3 {
+                let (cache, f) = (cache.clone(), answer(&clock, &calls, "x", None));
+                waiting.push(tokio::spawn(async move {
+                    cache
+                        .get_or_fetch(&key(&format!("k{i}")), Need::Servable, f)
+                        .await
+                }));
+            }
+            settle().await;
+            let started = Instant::now();
+            let err = cache
+                .get_or_fetch(
+                    &key("late"),
+                    Need::Servable,
+                    answer(&clock, &calls, "late", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap_err();
+            assert_eq!(err.kind(), regbroker_provider::ErrorKind::Overloaded);
+            assert_eq!(started.elapsed(), Duration::ZERO);
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                1,
+                "only the fetch holding the slot asked upstream; the refused key never did"
+            );
+            // A key already in flight is still joined, not refused.
+            let (cache2, f) = (cache.clone(), answer(&clock, &calls, "x", None));
+            let joined =
+                tokio::spawn(
+                    async move { cache2.get_or_fetch(&key("k0"), Need::Servable, f).await },
+                );
+            settle().await;
+            assert!(
+                !joined.is_finished(),
+                "a waiter for a key in flight joins it"
+            );
+            joined.abort();
+            for w in waiting {
+                w.abort();
+            }
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn queued_fetches_whose_clients_gave_up_are_dropped_so_a_later_key_is_served_promptly()
+         {
+            // The finding: 2 slots, a 2 s upstream, 100 clients for distinct keys giving
+            // up after 1 s; a legitimate key asked after them waited 60 s and failed.
+            let (cache, clock) = cache(Config {
+                max_concurrent_fetches: 2,
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            let mut impatient = Vec::new();
+            for i in 0..100 {
+                let (cache, f) = (
+                    cache.clone(),
+                    answer(&clock, &calls, "x", Some(Duration::from_secs(2))),
+                );
+                impatient.push(tokio::spawn(async move {
+                    tokio::time::timeout(
+                        Duration::from_secs(1),
+                        cache.get_or_fetch(&key(&format!("k{i}")), Need::Servable, f),
+                    )
+                    .await
+                }));
+            }
+            for t in impatient {
+                assert!(t.await.unwrap().is_err(), "each impatient client gave up");
+            }
+            let started = Instant::now();
+            let (c, _) = cache
+                .get_or_fetch(
+                    &key("legit"),
+                    Need::Servable,
+                    answer(&clock, &calls, "legit", Some(Duration::from_secs(2))),
+                )
+                .await
+                .unwrap();
+            assert_eq!(secret(&c), "legit");
+            // The two fetches already running finish 1 s later; then ours takes 2 s.
+            assert!(
+                started.elapsed() <= Duration::from_secs(3),
+                "waited {:?}",
+                started.elapsed()
+            );
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                3,
+                "98 queued fetches were dropped unasked"
+            );
+            // The two that were running completed for the cache although their clients left.
+            let (_, outcome) = cache
+                .get_or_fetch(
+                    &key("k0"),
+                    Need::Servable,
+                    answer(&clock, &calls, "x", None),
+                )
+                .await
+                .unwrap();
+            let (_, outcome1) = cache
+                .get_or_fetch(
+                    &key("k1"),
+                    Need::Servable,
+                    answer(&clock, &calls, "x", None),
+                )
+                .await
+                .unwrap();
+            assert_eq!((outcome, outcome1), (Outcome::Hit, Outcome::Hit));
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn an_abandoned_fetch_records_no_failure_and_the_next_client_starts_afresh() {
+            let (cache, clock) = cache(Config {
+                max_concurrent_fetches: 1,
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            let hog = {
+                let (cache, f) = (
+                    cache.clone(),
+                    answer(&clock, &calls, "x", Some(Duration::from_secs(3))),
+                );
+                tokio::spawn(
+                    async move { cache.get_or_fetch(&key("hog"), Need::Servable, f).await },
+                )
+            };
+            settle().await;
+            let gave_up = tokio::time::timeout(
+                Duration::from_secs(1),
+                cache.get_or_fetch(
+                    &key("b"),
+                    Need::Servable,
+                    answer(&clock, &calls, "first", Some(Duration::ZERO)),
+                ),
+            )
+            .await;
+            assert!(gave_up.is_err());
+            settle().await;
+            let (c, outcome) = cache
+                .get_or_fetch(
+                    &key("b"),
+                    Need::Servable,
+                    answer(&clock, &calls, "second", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            assert_eq!((secret(&c).as_str(), outcome), ("second", Outcome::Miss));
+            hog.await.unwrap().unwrap();
+        }
     }
 }

@@ -27,7 +27,7 @@ pub mod providers;
 pub mod routing;
 pub mod static_secret;
 
-use self::cache::Cache;
+use self::cache::{Cache, Need};
 use self::providers::Providers;
 use self::routing::{Router, Source};
 use crate::metrics::Metrics;
@@ -134,7 +134,7 @@ impl Broker {
             statics,
             router,
             providers,
-            cache: Cache::new(cache_config, clock.clone()),
+            cache: Cache::new(cache_config, clock.clone()).with_metrics(metrics.clone()),
             metrics,
             clock,
         }
@@ -205,14 +205,38 @@ impl Broker {
         }
     }
 
-    /// The credential for `registry`.
+    /// The credential for `registry`, at once if a servable one is cached (a refresh
+    /// due then runs in the background).
     pub async fn credential(&self, registry: &Registry) -> Result<Served, BrokerError> {
-        let decision = self.decide(registry);
-        self.serve(registry, decision.route).await
+        self.credential_with(registry, Need::Servable).await
     }
 
-    /// Serves a decision made by [`Broker::decide`].
+    /// The credential for `registry`, waiting for a due refresh ([`Need::Fresh`]): for
+    /// callers that write what they get, or exit before a background fetch could end.
+    pub async fn fresh_credential(&self, registry: &Registry) -> Result<Served, BrokerError> {
+        self.credential_with(registry, Need::Fresh).await
+    }
+
+    async fn credential_with(
+        &self,
+        registry: &Registry,
+        need: Need,
+    ) -> Result<Served, BrokerError> {
+        let decision = self.decide(registry);
+        self.serve_with(registry, decision.route, need).await
+    }
+
+    /// Serves a decision made by [`Broker::decide`] to a waiting client.
     pub async fn serve(&self, registry: &Registry, route: Route) -> Result<Served, BrokerError> {
+        self.serve_with(registry, route, Need::Servable).await
+    }
+
+    async fn serve_with(
+        &self,
+        registry: &Registry,
+        route: Route,
+        need: Need,
+    ) -> Result<Served, BrokerError> {
         match route {
             Route::Static(credential) => {
                 self.metrics.credential_served("static");
@@ -259,7 +283,7 @@ impl Broker {
                     }
                     .boxed()
                 };
-                match self.cache.get_or_fetch(&key, fetch).await {
+                match self.cache.get_or_fetch(&key, need, fetch).await {
                     Ok((credential, outcome)) => {
                         self.metrics.cache_lookup(outcome.as_str());
                         self.metrics.credential_served(name);

@@ -149,7 +149,9 @@ impl Backend {
     /// Looks up `registry`. `Err` holds a one-line message without secrets.
     pub async fn lookup(&self, registry: &Registry) -> Result<Lookup, String> {
         match self {
-            Backend::InProcess(broker) => match broker.credential(registry).await {
+            // A one-shot process exits right after answering, before a background
+            // refresh could finish: past the refresh point it waits for the new one.
+            Backend::InProcess(broker) => match broker.fresh_credential(registry).await {
                 Ok(served) => Ok(Lookup::Found(served.credential)),
                 Err(BrokerError::NotConfigured(_)) => Ok(Lookup::NotFound),
                 Err(e) => {

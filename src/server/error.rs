@@ -1,6 +1,6 @@
 //! The endpoint's error answer: `{"error": {"code", "message"}}` with `no-store`, and the
 //! mapping from the broker's error kinds to HTTP statuses (404 go anonymous, 403 identity,
-//! 503 throttled or unavailable, 504 timed out, 502 bad upstream answer). Upstream detail
+//! 503 throttled, unavailable or overloaded, 504 timed out, 502 bad upstream answer). Upstream detail
 //! never reaches the body: the cause chain goes only to the log.
 
 use axum::http::{HeaderValue, StatusCode, header};
@@ -44,7 +44,9 @@ impl From<BrokerError> for AppError {
         let status = match kind {
             ErrorKind::NotConfigured => StatusCode::NOT_FOUND,
             ErrorKind::IdentityMissing | ErrorKind::IdentityRejected => StatusCode::FORBIDDEN,
-            ErrorKind::Throttled | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Throttled | ErrorKind::Unavailable | ErrorKind::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ErrorKind::TimedOut => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::BadResponse => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,

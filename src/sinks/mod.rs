@@ -72,7 +72,7 @@ pub(crate) async fn pass(
     held.retain(|r, _| wanted.contains(r));
     let mut next = MAX_SLEEP;
     for registry in &wanted {
-        match broker.credential(registry).await {
+        match broker.fresh_credential(registry).await {
             Ok(served) => {
                 let c = &served.credential;
                 let pair =

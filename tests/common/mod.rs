@@ -22,6 +22,19 @@ use regbroker_provider::{
     BoxFuture, Credential, Error, ManualClock, Options, Provider, Registry, SharedClock, Target,
 };
 
+/// Polls `check` (every 5 ms) until it holds, failing the test after 10 s: for effects
+/// that land in a background task (a refresh ahead of expiry), without a bare sleep.
+pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// What the fake provider answers on its next calls.
 #[derive(Debug, Clone)]
 pub enum Answer {

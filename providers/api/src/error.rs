@@ -24,6 +24,9 @@ pub enum ErrorKind {
     BadResponse,
     /// The provider's settings are wrong (a rule option, an env var).
     InvalidConfig,
+    /// regbroker itself has too much upstream work queued to take on more: try again
+    /// shortly.
+    Overloaded,
 }
 
 impl ErrorKind {
@@ -38,6 +41,7 @@ impl ErrorKind {
             ErrorKind::TimedOut => "upstream_timeout",
             ErrorKind::BadResponse => "upstream_bad_response",
             ErrorKind::InvalidConfig => "invalid_config",
+            ErrorKind::Overloaded => "overloaded",
         }
     }
 
@@ -45,7 +49,10 @@ impl ErrorKind {
     pub fn is_transient(self) -> bool {
         matches!(
             self,
-            ErrorKind::Throttled | ErrorKind::Unavailable | ErrorKind::TimedOut
+            ErrorKind::Throttled
+                | ErrorKind::Unavailable
+                | ErrorKind::TimedOut
+                | ErrorKind::Overloaded
         )
     }
 }
