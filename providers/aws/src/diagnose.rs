@@ -126,6 +126,8 @@ impl AwsProvider {
         let chain = "aws-config's default chain: env keys, profile, IRSA, Pod Identity, IMDS";
         let found = if d.found.is_empty() {
             String::new()
+        } else if d.kind == IdentityKind::None {
+            format!(" (found {})", d.found.join(", "))
         } else {
             format!(": {}", d.found.join(", "))
         };

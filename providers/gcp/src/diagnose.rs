@@ -112,7 +112,7 @@ impl GcpProvider {
                     out.push(Finding::fail(
                         CHECK_METADATA,
                         format!(
-                            "no metadata server: nothing answered at {} within {}",
+                            "no metadata server: nothing answered at {} (refused, or silent for {})",
                             meta.host(),
                             human(timeout)
                         ),
