@@ -394,3 +394,43 @@ fn gcplocal_metadata_server_and_an_artifact_registry_exchange() {
     );
     assert_no_secret(&run, &["ya29.gcplocal-mock-token"]);
 }
+
+#[test]
+fn a_rule_whose_provider_refuses_the_host_fails_with_the_missing_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("regbroker.toml");
+    std::fs::write(
+        &config,
+        "[[rule]]\nmatch = \"ecr-proxy.example.com\"\nsource = \"aws\"\n",
+    )
+    .unwrap();
+    let run = doctor(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--provider",
+            "aws",
+            "ecr-proxy.example.com",
+        ],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}{}", run.out, run.err);
+    assert!(
+        run.out
+            .contains(r#"decided: rule 1 (match = "ecr-proxy.example.com")"#),
+        "{}",
+        run.out
+    );
+    assert!(
+        run.out.contains("needs options `region` and `account`"),
+        "{}",
+        run.out
+    );
+    assert!(run.out.contains("(invalid_config)"), "{}", run.out);
+    // The rule makes aws needed: its missing identity counts.
+    assert!(
+        run.out.contains("FAIL  aws.identity: no AWS identity"),
+        "{}",
+        run.out
+    );
+}
