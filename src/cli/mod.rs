@@ -2,12 +2,13 @@
 //!
 //! This module parses the command line and dispatches; each mode that is more than a
 //! few lines has its own file: [`serve`] (the sidecar), [`resolve`] (one decision and
-//! fetch, for humans), [`doctor`] (the setup checked, for humans and scripts), and [`logging`] (the log filter and its caps). The one-shot modes
-//! (`credential-helper`, `kubelet-credential-provider`) run [`crate::oneshot`] on this
-//! process's stdin and stdout.
+//! fetch, for humans), [`doctor`] (the setup checked, for humans and scripts), and
+//! [`logging`] (the log filter and its caps). The one-shot modes (`credential-helper`,
+//! `kubelet-credential-provider`) run [`crate::oneshot`] on this process's stdin and
+//! stdout.
 //!
-//! Exit codes: 0 success; 1 a runtime failure (no credential, cannot bind); 64 invalid
-//! configuration or usage (as `EX_USAGE` in sysexits.h).
+//! Exit codes: 0 success; 1 a runtime failure (no credential, cannot bind) or a failed
+//! `doctor` check; 64 invalid configuration or usage (as `EX_USAGE` in sysexits.h).
 
 mod doctor;
 mod logging;
