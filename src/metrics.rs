@@ -57,6 +57,8 @@ pub struct Metrics {
     static_reloads: Family<ResultLabels, Counter>,
     /// Registries with a static credential.
     pub static_entries: Gauge,
+    /// Each provider's last fetch (outcome code and time), for `GET /v1/providers`.
+    pub last_fetches: crate::broker::status::LastFetches,
 }
 
 impl Default for Metrics {
@@ -137,6 +139,7 @@ impl Metrics {
             upstream_seconds,
             static_reloads,
             static_entries,
+            last_fetches: Default::default(),
         }
     }
 

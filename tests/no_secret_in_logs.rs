@@ -100,6 +100,11 @@ async fn no_secret_reaches_logs_errors_metrics_or_debug_at_trace() {
     outputs.push(format!("{err:?}"));
     outputs.push(format!("{:?}", srv.broker));
     outputs.push(srv.get("/metrics").await.1);
+    // Every provider's identity kind, last fetch and patterns: never a secret.
+    let (status, providers) = srv.get("/v1/providers").await;
+    assert_eq!(status, 200, "{providers}");
+    assert!(providers.contains("\"lastFetch\":{"), "{providers}");
+    outputs.push(providers);
 
     // The one-shot modes, in-process: the credential helper (get and list), the kubelet
     // provider, with the disk cache on; and the docker config sink.

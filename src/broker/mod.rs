@@ -26,6 +26,7 @@ pub mod config;
 pub mod providers;
 pub mod routing;
 pub mod static_secret;
+pub mod status;
 
 use self::cache::{Cache, Need};
 use self::providers::Providers;
@@ -275,6 +276,7 @@ impl Broker {
                             Err(e) => e.kind().code(),
                         };
                         metrics.upstream_call(name, outcome, started.elapsed().as_secs_f64());
+                        metrics.last_fetches.record(name, outcome, clock.now());
                         match &result {
                             Ok(c) => tracing::info!(provider = name, scope = target.scope(), expires_at = ?c.expires_at().map(crate::rfc3339), "Fetched credential"),
                             Err(e) => tracing::warn!(provider = name, scope = target.scope(), error = %e.chain(), "Credential fetch failed"),

@@ -2,13 +2,15 @@
 //!
 //! This module parses the command line and dispatches; each mode that is more than a
 //! few lines has its own file: [`serve`] (the sidecar), [`resolve`] (one decision and
-//! fetch, for humans), and [`logging`] (the log filter and its caps). The one-shot modes
-//! (`credential-helper`, `kubelet-credential-provider`) run [`crate::oneshot`] on this
-//! process's stdin and stdout.
+//! fetch, for humans), [`doctor`] (the setup checked, for humans and scripts), and
+//! [`logging`] (the log filter and its caps). The one-shot modes (`credential-helper`,
+//! `kubelet-credential-provider`) run [`crate::oneshot`] on this process's stdin and
+//! stdout.
 //!
-//! Exit codes: 0 success; 1 a runtime failure (no credential, cannot bind); 64 invalid
-//! configuration or usage (as `EX_USAGE` in sysexits.h).
+//! Exit codes: 0 success; 1 a runtime failure (no credential, cannot bind) or a failed
+//! `doctor` check; 64 invalid configuration or usage (as `EX_USAGE` in sysexits.h).
 
+mod doctor;
 mod logging;
 mod resolve;
 mod serve;
@@ -22,6 +24,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::broker::Built;
 use crate::oneshot::backend::Settings;
+use doctor::DoctorArgs;
 use logging::{LogFormat, init_tracing};
 use resolve::ResolveArgs;
 use serve::ServeArgs;
@@ -49,6 +52,9 @@ enum Command {
     Serve(ServeArgs),
     /// Say which rule and source serve a registry, and fetch its credential once.
     Resolve(ResolveArgs),
+    /// Check the setup: each cloud's identity (with one real call) and, for each REGISTRY,
+    /// the routing decision and one exchange. Exit 0 all passed, 1 a check failed.
+    Doctor(DoctorArgs),
     /// Speak the docker credential-helper protocol (as `docker-credential-regbroker`).
     /// Settings come from the environment: REGBROKER_ENDPOINT, or REGBROKER_CONFIG,
     /// REGBROKER_DOCKER_CONFIG and REGBROKER_CACHE_DIR.
@@ -117,6 +123,8 @@ pub fn main() -> ExitCode {
     };
     let default_level = match cli.command {
         Command::Serve(_) => "info",
+        // The report says what failed; the broker's warnings would only repeat it.
+        Command::Doctor(_) => "error",
         _ => "warn",
     };
     init_tracing(cli.log_format, default_level);
@@ -148,6 +156,7 @@ pub fn main() -> ExitCode {
         match command {
             Command::Serve(args) => serve::run(args).await,
             Command::Resolve(args) => resolve::run(args).await,
+            Command::Doctor(args) => doctor::run(args).await,
             Command::CredentialHelper(_) | Command::KubeletCredentialProvider => Ok(()),
         }
     });
@@ -158,6 +167,12 @@ pub fn main() -> ExitCode {
             eprintln!("regbroker: invalid configuration: {msg}");
             ExitCode::from(EXIT_CONFIG)
         }
+        Err(Failure::Usage(msg)) => {
+            eprintln!("regbroker: {msg}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        // The report on stdout already says which check failed and why.
+        Err(Failure::Checks) => ExitCode::FAILURE,
         Err(Failure::Runtime(msg)) => {
             tracing::error!("{msg}");
             eprintln!("regbroker: {msg}");
@@ -186,6 +201,10 @@ fn helper_mode(action: &str, endpoint: Option<String>) -> ExitCode {
 enum Failure {
     Config(String),
     Runtime(String),
+    /// Bad usage (exit 64), e.g. a malformed argument.
+    Usage(String),
+    /// `doctor`: a check failed (exit 1); the report said which.
+    Checks,
 }
 
 fn build_core(sources: &Sources) -> Result<Built, Failure> {

@@ -4,6 +4,8 @@
 //!   `404` when nothing applies (the client should go anonymous), `400` for a malformed
 //!   registry, `403` when the identity is missing or rejected, `502`/`503`/`504` for
 //!   upstream failures. Errors are `{"error": {"code", "message"}}` and never hold a secret.
+//! - `GET /v1/providers`: each provider, compiled in or not, its identity kind, last fetch
+//!   and registry patterns (`providers.rs`); behind the same token as credentials.
 //! - `GET /healthz` (alive), `GET /readyz` (configuration and static secrets loaded),
 //!   `GET /metrics` (Prometheus text).
 //!
@@ -28,6 +30,7 @@ pub mod access;
 mod error;
 pub mod limits;
 pub mod listen;
+mod providers;
 
 pub use error::AppError;
 
@@ -91,6 +94,13 @@ pub fn app_with(state: AppState, options: Options) -> Router {
     });
     Router::new()
         .route("/v1/credentials", credentials_route)
+        .route(
+            "/v1/providers",
+            get(providers::providers).route_layer(middleware::from_fn_with_state(
+                options.bearer_token.clone(),
+                require_token,
+            )),
+        )
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -126,6 +136,7 @@ async fn count_requests(State(state): State<AppState>, req: Request, next: Next)
         .map(MatchedPath::as_str)
     {
         Some("/v1/credentials") => "/v1/credentials",
+        Some("/v1/providers") => "/v1/providers",
         Some("/healthz") => "/healthz",
         Some("/readyz") => "/readyz",
         Some("/metrics") => "/metrics",

@@ -11,6 +11,7 @@
 
 mod clock;
 mod credential;
+pub mod diagnosis;
 mod error;
 mod registry;
 #[cfg(any(test, feature = "test-util"))]
@@ -20,11 +21,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 #[cfg(any(test, feature = "test-util"))]
 pub use clock::ManualClock;
 pub use clock::{Clock, SharedClock, SystemClock, system_clock};
 pub use credential::{Credential, IDENTITY_TOKEN_USERNAME, MAX_LIFETIME, cap_expiry};
+pub use diagnosis::{Diagnosis, Finding, IdentityKind, Status};
 pub use error::{Error, ErrorKind};
 pub use registry::{DOCKER_HUB, MAX_HOST_LEN, ParseError, Registry};
 pub use secrecy::{ExposeSecret, SecretString};
@@ -105,6 +108,37 @@ pub trait Provider: Send + Sync + fmt::Debug {
 
     /// Exchanges this provider's identity for a credential for `target`.
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>>;
+
+    /// The kind of identity a fetch would use, judged from env vars and files only: no
+    /// network call, no token read (`GET /v1/providers`).
+    fn identity_kind(&self) -> IdentityKind {
+        IdentityKind::None
+    }
+
+    /// The host patterns [`Provider::recognise`] accepts, for people (kubelet-style
+    /// globs and placeholders, e.g. `<account>.dkr.ecr.<region>.amazonaws.com`).
+    fn auto_detect_patterns(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// `regbroker doctor`: which identity this provider would use and why, then one real
+    /// call that checks the identity endpoint accepts it, every network call bounded by
+    /// `timeout`. Findings never hold a secret or a token.
+    fn diagnose(&self, timeout: Duration) -> BoxFuture<'_, Diagnosis> {
+        let _ = timeout;
+        let name = self.name();
+        let identity = self.identity_kind();
+        Box::pin(async move {
+            Diagnosis {
+                identity,
+                explicit: false,
+                findings: vec![Finding::info(
+                    format!("{name}.identity"),
+                    "this provider has no diagnostics",
+                )],
+            }
+        })
+    }
 }
 
 /// Rejects every option key not in `known`, naming the first unknown one.

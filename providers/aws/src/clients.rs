@@ -66,7 +66,7 @@ impl<K: Eq + Hash, C: Clone> ClientCache<K, C> {
 
 impl AwsProvider {
     /// The shared SDK configuration, loaded on the first call.
-    async fn sdk_config(&self) -> &SdkConfig {
+    pub(crate) async fn sdk_config(&self) -> &SdkConfig {
         self.sdk
             .get_or_init(|| async {
                 let s = &self.settings;

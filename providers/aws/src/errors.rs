@@ -189,3 +189,14 @@ fn has_code(err: &(dyn StdError + 'static), codes: &[&str]) -> bool {
     let text = Cause::of(err).0;
     codes.iter().any(|c| text.contains(c))
 }
+
+/// The longest known AWS error code (refusal or throttling) in `text`, for `doctor`'s
+/// messages: a short identifier, never anything else of an upstream answer.
+pub fn known_code(text: &str) -> Option<&'static str> {
+    REJECTED_CODES
+        .iter()
+        .chain(THROTTLED_CODES)
+        .filter(|c| text.contains(*c))
+        .max_by_key(|c| c.len())
+        .copied()
+}

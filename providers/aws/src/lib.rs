@@ -25,6 +25,7 @@
 mod authorization_token;
 mod builder;
 mod clients;
+mod diagnose;
 mod errors;
 pub mod host;
 pub mod options;
@@ -34,6 +35,7 @@ mod test_support;
 
 pub use authorization_token::decode_token;
 pub use builder::{Builder, CallSettings};
+pub use diagnose::{Detected, detect};
 pub use errors::IDENTITY_SOURCES;
 pub use provider::AwsProvider;
 

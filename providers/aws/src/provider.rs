@@ -9,7 +9,11 @@
 use std::fmt;
 
 use aws_types::SdkConfig;
-use regbroker_provider::{BoxFuture, Credential, Error, Options, Provider, Registry, Target};
+use std::time::Duration;
+
+use regbroker_provider::{
+    BoxFuture, Credential, Diagnosis, Error, IdentityKind, Options, Provider, Registry, Target,
+};
 use tokio::sync::OnceCell;
 
 use crate::PUBLIC_REGION;
@@ -179,6 +183,28 @@ impl Provider for AwsProvider {
 
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
         Box::pin(self.fetch_credential(target))
+    }
+
+    fn identity_kind(&self) -> IdentityKind {
+        crate::detect(&|k| std::env::var(k).ok()).kind
+    }
+
+    fn auto_detect_patterns(&self) -> Vec<String> {
+        let mut out: Vec<String> = host::PRIVATE_SUFFIXES
+            .iter()
+            .flat_map(|s| [format!("*.dkr.ecr.*.{s}"), format!("*.dkr.ecr-fips.*.{s}")])
+            .collect();
+        out.extend(
+            host::DUAL_STACK_SUFFIXES
+                .iter()
+                .flat_map(|s| [format!("*.dkr-ecr.*.{s}"), format!("*.dkr-ecr-fips.*.{s}")]),
+        );
+        out.push(host::PUBLIC_HOST.to_string());
+        out
+    }
+
+    fn diagnose(&self, timeout: Duration) -> BoxFuture<'_, Diagnosis> {
+        Box::pin(self.diagnosis(timeout))
     }
 }
 

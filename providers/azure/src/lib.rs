@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 mod builder;
+mod diagnose;
 pub mod exchange;
 pub mod host;
 mod http;
@@ -38,6 +39,7 @@ use std::time::Duration;
 /// The `azure_core` version the provider uses, for [`Builder::sdk_http_client`].
 pub use azure_core;
 pub use builder::Builder;
+pub use diagnose::WORKLOAD_IDENTITY_AUDIENCE;
 pub use exchange::{ACR_USERNAME, FALLBACK_TTL};
 pub use host::Cloud;
 pub use identity::{Env, Kind};

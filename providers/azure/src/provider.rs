@@ -17,7 +17,8 @@ use std::time::Duration;
 use azure_core::credentials::TokenCredential;
 use azure_core::http::{HttpClient, RetryOptions};
 use regbroker_provider::{
-    BoxFuture, Credential, Error, Options, Provider, Registry, SecretString, SharedClock, Target,
+    BoxFuture, Credential, Diagnosis, Error, IdentityKind, Options, Provider, Registry,
+    SecretString, SharedClock, Target,
 };
 
 use crate::http::Http;
@@ -41,8 +42,8 @@ const P_SERVICE: &str = "service";
 /// first [`Provider::fetch`] and kept (one per identity, so the SDK's own token cache is
 /// reused).
 pub struct AzureProvider {
-    env: Env,
-    clock: SharedClock,
+    pub(crate) env: Env,
+    pub(crate) clock: SharedClock,
     suffixes: Vec<String>,
     http: OnceLock<Http>,
     tls_roots: Vec<Vec<u8>>,
@@ -173,7 +174,10 @@ impl AzureProvider {
     }
 
     /// The credential for `identity`, built once and kept.
-    fn credential(&self, id: &identity::Identity) -> Result<Arc<dyn TokenCredential>, Error> {
+    pub(crate) fn credential(
+        &self,
+        id: &identity::Identity,
+    ) -> Result<Arc<dyn TokenCredential>, Error> {
         let mut map = self.credentials.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(c) = map.get(id) {
             return Ok(c.clone());
@@ -291,6 +295,22 @@ impl Provider for AzureProvider {
 
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
         Box::pin(self.fetch_credential(target))
+    }
+
+    fn identity_kind(&self) -> IdentityKind {
+        crate::diagnose::identity_kind(Kind::select(&self.env))
+    }
+
+    fn auto_detect_patterns(&self) -> Vec<String> {
+        host::BUILTIN_SUFFIXES
+            .iter()
+            .map(|(s, _)| format!("*.{s}"))
+            .chain(self.suffixes.iter().map(|s| format!("*.{s}")))
+            .collect()
+    }
+
+    fn diagnose(&self, timeout: Duration) -> BoxFuture<'_, Diagnosis> {
+        Box::pin(self.diagnosis(timeout))
     }
 }
 

@@ -198,6 +198,24 @@ impl ExternalAccount {
         })
     }
 
+    /// The `audience` of the credentials file (the workload identity provider).
+    pub(crate) fn audience(&self) -> &str {
+        &self.audience
+    }
+
+    /// The subject token file, when the token comes from a file.
+    pub(crate) fn token_file(&self) -> Option<&str> {
+        match &self.source {
+            Source::File(f) => Some(f),
+            Source::Url { .. } => None,
+        }
+    }
+
+    /// The STS host the subject token is exchanged at.
+    pub(crate) fn token_host(&self) -> String {
+        host_of(&self.token_url)
+    }
+
     pub(crate) fn describe(&self) -> String {
         match &self.impersonation {
             Some((url, _)) => format!(

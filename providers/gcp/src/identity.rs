@@ -92,6 +92,32 @@ impl Identity {
         }
     }
 
+    /// The kind of this identity, for `doctor` and `/v1/providers`.
+    pub(crate) fn kind(&self) -> regbroker_provider::IdentityKind {
+        use regbroker_provider::IdentityKind;
+        match &self.source {
+            Source::Metadata(_) => IdentityKind::MetadataServer,
+            Source::ServiceAccount(_) => IdentityKind::KeyFile,
+            Source::ExternalAccount(_) => IdentityKind::ExternalAccount,
+        }
+    }
+
+    /// The metadata server, when that is the identity.
+    pub(crate) fn metadata(&self) -> Option<&Metadata> {
+        match &self.source {
+            Source::Metadata(m) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The external_account configuration, when that is the identity.
+    pub(crate) fn external(&self) -> Option<&ExternalAccount> {
+        match &self.source {
+            Source::ExternalAccount(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// A fresh access token for `scope`.
     pub(crate) async fn token(
         &self,

@@ -20,6 +20,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod diagnose;
 mod external_account;
 mod hosts;
 mod http;
@@ -31,10 +32,11 @@ mod url;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use regbroker_provider::{
-    BoxFuture, Credential, Error, Options, Provider, Registry, SharedClock, Target,
-    check_known_options, system_clock,
+    BoxFuture, Credential, Diagnosis, Error, IdentityKind, Options, Provider, Registry,
+    SharedClock, Target, check_known_options, system_clock,
 };
 use tokio::sync::OnceCell;
 
@@ -178,6 +180,25 @@ impl Provider for GcpProvider {
 
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
         Box::pin(self.fetch_credential(target))
+    }
+
+    fn identity_kind(&self) -> IdentityKind {
+        diagnose::identity_kind(&self.env)
+    }
+
+    fn auto_detect_patterns(&self) -> Vec<String> {
+        [
+            "gcr.io",
+            "*.gcr.io",
+            "*-docker.pkg.dev",
+            "docker.s3nsregistry.fr",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
+    fn diagnose(&self, timeout: Duration) -> BoxFuture<'_, Diagnosis> {
+        Box::pin(self.diagnosis(timeout))
     }
 }
 

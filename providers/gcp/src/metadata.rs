@@ -19,6 +19,7 @@ use crate::token::AccessToken;
 /// The default metadata server address.
 pub const DEFAULT_METADATA_HOST: &str = "169.254.169.254";
 const TOKEN_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
+const ACCOUNT_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default";
 
 /// A metadata-server identity.
 #[derive(Debug)]
@@ -42,6 +43,36 @@ impl Metadata {
         // worst receive the token.
         let client = http::client(settings, false)?;
         Ok(Metadata { host, client })
+    }
+
+    /// The metadata server's address.
+    pub(crate) fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// `GET .../service-accounts/default/<what>` (`email`, `scopes`), one attempt: the
+    /// text, or the error (404 when the server has no such entry).
+    pub(crate) async fn account_info(
+        &self,
+        settings: &HttpSettings,
+        what: &str,
+    ) -> Result<String, Error> {
+        let url = format!("http://{}{ACCOUNT_PATH}/{what}", self.host);
+        let one = HttpSettings {
+            attempts: 1,
+            ..settings.clone()
+        };
+        let resp = http::send(&one, Upstream::Metadata, &self.describe(), || {
+            self.client.get(&url).header("Metadata-Flavor", "Google")
+        })
+        .await?;
+        let text = String::from_utf8_lossy(&resp.body);
+        Ok(text
+            .split_whitespace()
+            .take(32)
+            .map(|w| w.chars().take(120).collect::<String>())
+            .collect::<Vec<_>>()
+            .join(" "))
     }
 
     pub(crate) fn describe(&self) -> String {

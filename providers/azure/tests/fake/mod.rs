@@ -97,6 +97,9 @@ pub struct FakeCloud {
     pub expect_scope: Mutex<String>,
     pub aad_script: Mutex<VecDeque<Scripted>>,
     pub exchange_script: Mutex<VecDeque<Scripted>>,
+    pub imds_script: Mutex<VecDeque<Scripted>>,
+    /// Client assertions accepted besides [`SA_TOKEN`] (JWT-shaped tokens for doctor).
+    pub accepted_assertions: Mutex<Vec<String>>,
     pub aad_calls: AtomicUsize,
     pub msi_calls: AtomicUsize,
     pub imds_calls: AtomicUsize,
@@ -125,6 +128,8 @@ impl FakeCloud {
             expect_scope: Mutex::new("https://containerregistry.azure.net/.default".into()),
             aad_script: Mutex::new(VecDeque::new()),
             exchange_script: Mutex::new(VecDeque::new()),
+            imds_script: Mutex::new(VecDeque::new()),
+            accepted_assertions: Mutex::new(Vec::new()),
             aad_calls: AtomicUsize::new(0),
             msi_calls: AtomicUsize::new(0),
             imds_calls: AtomicUsize::new(0),
@@ -233,7 +238,9 @@ async fn aad_token(
             "The provided scope is invalid.",
         );
     }
-    let by_assertion = form.get("client_assertion").map(String::as_str) == Some(SA_TOKEN)
+    let by_assertion = form
+        .get("client_assertion")
+        .is_some_and(|a| a == SA_TOKEN || fake.accepted_assertions.lock().unwrap().contains(a))
         && form.get("client_assertion_type").map(String::as_str)
             == Some("urn:ietf:params:oauth:client-assertion-type:jwt-bearer");
     let by_secret = form.get("client_secret").map(String::as_str) == Some(CLIENT_SECRET);
@@ -284,6 +291,9 @@ async fn imds_token(
 ) -> Response {
     fake.imds_calls.fetch_add(1, Ordering::SeqCst);
     fake.msi_queries.lock().unwrap().push(q.clone());
+    if let Some(scripted) = FakeCloud::next_scripted(&fake.imds_script) {
+        return scripted;
+    }
     if headers.get("metadata").and_then(|v| v.to_str().ok()) != Some("true") {
         return (
             StatusCode::BAD_REQUEST,
