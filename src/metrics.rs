@@ -32,6 +32,11 @@ struct ProviderLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceLabels {
     source: &'static str,
 }
@@ -55,6 +60,9 @@ pub struct Metrics {
     static_reloads: Family<ResultLabels, Counter>,
     /// Registries with a static credential.
     pub static_entries: Gauge,
+    /// 1 while this replica holds the leader election Lease (`serve --leader-elect`).
+    leader: Gauge,
+    leader_transitions: Family<TransitionLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -112,6 +120,18 @@ impl Metrics {
             "Registries with a static credential",
             static_entries.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader election Lease and may write Secrets, else 0",
+            leader.clone(),
+        );
+        let leader_transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            "leader_transitions",
+            "Times this replica started (to=leader) or stopped (to=follower) leading",
+            leader_transitions.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -121,7 +141,18 @@ impl Metrics {
             upstream_seconds,
             static_reloads,
             static_entries,
+            leader,
+            leader_transitions,
         }
+    }
+
+    /// Records that this replica started (`leading`) or stopped leading.
+    pub fn leader_transition(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+        let to = if leading { "leader" } else { "follower" };
+        self.leader_transitions
+            .get_or_create(&TransitionLabels { to })
+            .inc();
     }
 
     /// Counts an HTTP request.

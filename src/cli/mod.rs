@@ -9,6 +9,7 @@
 //! Exit codes: 0 success; 1 a runtime failure (no credential, cannot bind); 64 invalid
 //! configuration or usage (as `EX_USAGE` in sysexits.h).
 
+mod leader_elect;
 mod logging;
 mod resolve;
 mod serve;
