@@ -613,6 +613,7 @@ async fn takeovers_with(n: usize) {
         )
         .await;
     let _ = steady;
+    rec.check(now_wall());
     for r in &replicas {
         assert_eq!(r.get("/readyz").await.0, 200, "{} is ready", r.name);
         let (status, _) = r.get(&format!("/v1/credentials?registry={REGISTRY}")).await;
@@ -664,6 +665,7 @@ async fn takeovers_with(n: usize) {
                 t.as_secs_f64()
             );
             took.push(t);
+            rec.check(now_wall());
             leader.reap();
             if signal == rustix::process::Signal::TERM {
                 assert!(
@@ -743,6 +745,7 @@ async fn partitioned_leader_with(n: usize) {
         .await;
     let holder = cluster.holder().await;
     let old = replicas.iter().find(|r| r.is(&holder)).unwrap();
+    rec.check(now_wall());
     assert_eq!(old.leader_gauge().await, 1);
     let last = rec.writes().last().unwrap().0;
 
