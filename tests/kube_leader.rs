@@ -824,3 +824,70 @@ async fn three_replicas_partitioned_leader_stops_writing_before_takeover() {
 async fn two_replicas_partitioned_leader_stops_writing_before_takeover() {
     partitioned_leader_with(2).await;
 }
+
+#[tokio::test]
+#[ignore = "needs etcd, kube-apiserver, kubectl from scripts/peers.sh, gcplocal: run scripts/test.sh"]
+async fn deployed_rbac_grants_the_named_lease_and_no_other() {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use kube::api::PostParams;
+    let cp = ControlPlane::shared();
+    let (_apps, regbroker) = deployed_rbac(cp).await;
+    let elsewhere = cp.namespace("leader-elsewhere").await;
+    let client = cp.service_account_client(&regbroker, "regbroker").await;
+    let leases = Api::<Lease>::namespaced(client.clone(), &regbroker);
+    let lease = |name: &str| Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("test".into()),
+            ..Default::default()
+        }),
+    };
+    let code = |e: kube::Error| match e {
+        kube::Error::Api(s) => s.code,
+        e => panic!("{e}"),
+    };
+    // The named Lease: create, get, update.
+    assert!(leases.get_opt(LEASE).await.unwrap().is_none());
+    let created = leases
+        .create(&PostParams::default(), &lease(LEASE))
+        .await
+        .unwrap();
+    let mut got = leases.get(LEASE).await.unwrap();
+    assert_eq!(got.metadata.uid, created.metadata.uid);
+    got.spec.as_mut().unwrap().holder_identity = Some("other".into());
+    leases
+        .replace(LEASE, &PostParams::default(), &got)
+        .await
+        .unwrap();
+    // Another Lease: `create` cannot be limited by name, but get and update are refused.
+    let admin = Api::<Lease>::namespaced(cp.admin(), &regbroker);
+    admin
+        .create(&PostParams::default(), &lease("someone-elses"))
+        .await
+        .unwrap();
+    assert_eq!(code(leases.get("someone-elses").await.unwrap_err()), 403);
+    let theirs = admin.get("someone-elses").await.unwrap();
+    let e = leases
+        .replace("someone-elses", &PostParams::default(), &theirs)
+        .await
+        .unwrap_err();
+    assert_eq!(code(e), 403);
+    // Listing, and any Lease in another namespace: refused.
+    assert_eq!(
+        code(leases.list(&Default::default()).await.unwrap_err()),
+        403
+    );
+    let there = Api::<Lease>::namespaced(client, &elsewhere);
+    assert_eq!(
+        code(
+            there
+                .create(&PostParams::default(), &lease(LEASE))
+                .await
+                .unwrap_err()
+        ),
+        403
+    );
+}
