@@ -15,7 +15,9 @@
 //! polls with bounded deadlines; none is a bare sleep standing in for an event.
 //!
 //! `REGBROKER_LEADER_ROUNDS=N` repeats the SIGKILL and SIGTERM takeovers N times (default
-//! 1) and prints the medians (BENCHMARKS.md).
+//! 1) and prints the medians; `REGBROKER_LEADER_STEADY_WRITES=N` (default 2) stretches the
+//! steady state to N refresh points and prints the writes per refresh point
+//! (BENCHMARKS.md).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -571,6 +573,15 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// Refresh-point writes to wait for in the steady state (`REGBROKER_LEADER_STEADY_WRITES`,
+/// default 2).
+fn steady_writes() -> usize {
+    std::env::var("REGBROKER_LEADER_STEADY_WRITES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2)
+}
+
 fn rounds() -> usize {
     std::env::var("REGBROKER_LEADER_ROUNDS")
         .ok()
@@ -603,16 +614,33 @@ async fn takeovers_with(n: usize) {
     let first = rec
         .wait_write(Duration::from_secs(30), "at all", |_| true)
         .await;
-    // Steady state: the same leader rewrites the Secret at each refresh point.
-    let steady_from = first.1;
-    let steady = rec
-        .wait_write(
-            REFRESH_EVERY * 2 + TOLERANCE * 2,
-            "at the second refresh point",
-            |w| w.1 > steady_from && w.2 == first.2 && w.0 > first.0,
-        )
-        .await;
-    let _ = steady;
+    // Steady state: the same leader rewrites the Secret at each refresh point, once.
+    let mut steady = first.clone();
+    for _ in 0..steady_writes() {
+        let after = steady.0;
+        steady = rec
+            .wait_write(
+                REFRESH_EVERY + TOLERANCE * 2,
+                "at the next refresh point",
+                |w| w.0 > after,
+            )
+            .await;
+        assert_eq!(steady.2, first.2, "no takeover in the steady state");
+    }
+    let span = steady.1 - first.1;
+    let points = span.as_secs_f64() / REFRESH_EVERY.as_secs_f64();
+    let writes = rec.writes().len() - 1;
+    assert!(
+        writes as f64 <= points.floor() + 1.0,
+        "{writes} writes in {span:?}, over {points:.2} refresh points"
+    );
+    eprintln!(
+        "{n} replicas, steady state: {writes} writes after the first in {:.1} s, {points:.2} refresh intervals of {:.1} s: {:.3} writes per refresh point, {:.0} writes per day at this token life",
+        span.as_secs_f64(),
+        REFRESH_EVERY.as_secs_f64(),
+        writes as f64 / points,
+        writes as f64 * 86400.0 / span.as_secs_f64()
+    );
     rec.check(now_wall());
     for r in &replicas {
         assert_eq!(r.get("/readyz").await.0, 200, "{} is ready", r.name);
