@@ -14,9 +14,9 @@
 //! version, which is "exactly one writer at any time". Waits are on those events or on
 //! polls with bounded deadlines; none is a bare sleep standing in for an event.
 //!
-//! `REGBROKER_LEADER_ROUNDS=N` repeats the SIGKILL and SIGTERM takeovers N times (default
-//! 1) and prints the medians; `REGBROKER_LEADER_STEADY_WRITES=N` (default 2) stretches the
-//! steady state to N refresh points and prints the writes per refresh point
+//! `REGBROKER_LEADER_ROUNDS=N` (default 1) repeats the SIGKILL and SIGTERM takeovers N
+//! times and prints the medians; `REGBROKER_LEADER_STEADY_WRITES=N` (default 2) stretches
+//! the steady state to N refresh points and prints the writes per refresh point
 //! (BENCHMARKS.md).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

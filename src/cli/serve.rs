@@ -73,7 +73,7 @@ pub(super) struct ServeArgs {
     sink_registry: Vec<Registry>,
 
     #[command(flatten)]
-    leader: super::leader_elect::LeaderElectArgs,
+    leader: Box<super::leader_elect::LeaderElectArgs>,
 
     #[command(flatten)]
     sources: Sources,
