@@ -44,7 +44,8 @@ else
     --api-versions apps/v1/Deployment --api-versions v1/ServiceAccount
     --api-versions v1/ConfigMap --api-versions rbac.authorization.k8s.io/v1/Role
     --api-versions rbac.authorization.k8s.io/v1/RoleBinding
-    --api-versions networking.k8s.io/v1/NetworkPolicy)
+    --api-versions networking.k8s.io/v1/NetworkPolicy
+    --api-versions policy/v1/PodDisruptionBudget)
   sidecar=(--namespace flux-system --set mode=sourceControllerSidecar)
   patch=(--set sourceControllerSidecar.renderPatch=true)
   # render NAME SHAPE HELM-ARGS...: helm template into $rendered/NAME.yaml, queued for

@@ -45,11 +45,14 @@ FLUX_OWN_FILES = {"gotk-components.yaml", "gotk-sync.yaml"}
 CHART_KINDS = {
     "standalone": {
         "Deployment", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "ConfigMap",
+        "PodDisruptionBudget",
     },
     "sidecar": {"Role", "RoleBinding", "ConfigMap"},
     "sidecar-patch": {"Deployment", "ServiceAccount"},
 }
-CORE_GROUPS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"}
+CORE_GROUPS = {
+    "v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1", "policy/v1",
+}
 
 failures = []
 
@@ -235,13 +238,19 @@ def check_same_as_shipped(shape, path, objs):
             same(where, "ServiceAccount patch", sa, shipped)
         return
     rbac_dir = "flux" if shape == "sidecar" else "standalone"
-    shipped = {d["kind"]: d for p in (DEPLOY / rbac_dir).glob("*.yaml") for d in docs(p)}
-    role, binding = one(objs, "Role", where), one(objs, "RoleBinding", where)
-    if role and binding:
-        same(where, "Role namespace", role["metadata"]["namespace"],
-             shipped["Role"]["metadata"]["namespace"])
-        same(where, "Role rules", role["rules"], shipped["Role"]["rules"])
-        same(where, "RoleBinding subjects", binding["subjects"], shipped["RoleBinding"]["subjects"])
+    shipped_docs = [d for p in sorted((DEPLOY / rbac_dir).glob("*.yaml")) for d in docs(p)]
+    shipped = {d["kind"]: d for d in shipped_docs}
+    # Roles and RoleBindings by name (the standalone shape has one for the Secrets and one
+    # for the leader election Lease).
+    for kind in ("Role", "RoleBinding"):
+        ours = {d["metadata"]["name"]: d for d in by_kind(objs, kind)}
+        theirs = {d["metadata"]["name"]: d for d in by_kind(shipped_docs, kind)}
+        same(where, f"{kind} names", sorted(ours), sorted(theirs))
+        for name in sorted(ours.keys() & theirs.keys()):
+            a, b = ours[name], theirs[name]
+            same(where, f"{kind} {name} namespace", a["metadata"]["namespace"], b["metadata"]["namespace"])
+            key = "rules" if kind == "Role" else "subjects"
+            same(where, f"{kind} {name} {key}", a[key], b[key])
     if shape == "sidecar":
         return
     dep = one(objs, "Deployment", where)
@@ -252,6 +261,18 @@ def check_same_as_shipped(shape, path, objs):
         for key in ("securityContext", "serviceAccountName"):
             same(where, f"pod {key}", pod.get(key), shipped_pod.get(key))
         same(where, "replicas", dep["spec"].get("replicas"), shipped["Deployment"]["spec"]["replicas"])
+        # The chart's selectors also have app.kubernetes.io/instance.
+        same(where, "pod anti-affinity topology",
+             [t["podAffinityTerm"]["topologyKey"] for t in
+              pod.get("affinity", {}).get("podAntiAffinity", {})
+              .get("preferredDuringSchedulingIgnoredDuringExecution", [])],
+             [t["podAffinityTerm"]["topologyKey"] for t in
+              shipped_pod.get("affinity", {}).get("podAntiAffinity", {})
+              .get("preferredDuringSchedulingIgnoredDuringExecution", [])])
+    pdb = one(objs, "PodDisruptionBudget", where)
+    if pdb:
+        same(where, "PodDisruptionBudget minAvailable", pdb["spec"].get("minAvailable"),
+             shipped["PodDisruptionBudget"]["spec"].get("minAvailable"))
     np = one(objs, "NetworkPolicy", where)
     if np:
         # The chart's podSelector also has app.kubernetes.io/instance.

@@ -32,6 +32,11 @@ struct ProviderLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SourceLabels {
     source: &'static str,
 }
@@ -59,6 +64,9 @@ pub struct Metrics {
     pub static_entries: Gauge,
     /// Each provider's last fetch (outcome code and time), for `GET /v1/providers`.
     pub last_fetches: crate::broker::status::LastFetches,
+    /// 1 while this replica holds the leader election Lease (`serve --leader-elect`).
+    leader: Gauge,
+    leader_transitions: Family<TransitionLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -128,6 +136,18 @@ impl Metrics {
             "Registries with a static credential",
             static_entries.clone(),
         );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader election Lease and may write Secrets, else 0",
+            leader.clone(),
+        );
+        let leader_transitions = Family::<TransitionLabels, Counter>::default();
+        registry.register(
+            "leader_transitions",
+            "Times this replica started (to=leader) or stopped (to=follower) leading",
+            leader_transitions.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -140,7 +160,18 @@ impl Metrics {
             static_reloads,
             static_entries,
             last_fetches: Default::default(),
+            leader,
+            leader_transitions,
         }
+    }
+
+    /// Records that this replica started (`leading`) or stopped leading.
+    pub fn leader_transition(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+        let to = if leading { "leader" } else { "follower" };
+        self.leader_transitions
+            .get_or_create(&TransitionLabels { to })
+            .inc();
     }
 
     /// Counts an HTTP request.

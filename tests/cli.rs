@@ -172,6 +172,38 @@ fn invalid_configuration_exits_64_naming_file_and_line() {
     assert_eq!(out.status.code(), Some(64));
 }
 
+#[test]
+fn misordered_leader_election_timings_exit_64_naming_the_flags() {
+    let base = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--sync-secret",
+        "apps/regbroker-pull",
+        "--leader-elect",
+    ];
+    for (extra, names) in [
+        (
+            ["--leader-elect-renew-deadline", "15s"],
+            "--leader-elect-lease-duration",
+        ),
+        (
+            ["--leader-elect-retry-period", "9s"],
+            "--leader-elect-retry-period",
+        ),
+        (["--leader-elect-lease-duration", "12500ms"], "whole number"),
+    ] {
+        let out = regbroker(&[&base[..], &extra[..]].concat());
+        assert_eq!(out.status.code(), Some(64), "{extra:?}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(names), "{extra:?}: {stderr}");
+    }
+    // Leader election guards the Secret sync: without one it is a usage error.
+    let out = regbroker(&["serve", "--listen", "127.0.0.1:0", "--leader-elect"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out.stderr).contains("--sync-secret"));
+}
+
 /// The README's run command, then the README's curl, then SIGTERM.
 #[test]
 fn serve_readme_example_answers_and_stops_on_sigterm() {

@@ -11,6 +11,7 @@
 //! `doctor` check; 64 invalid configuration or usage (as `EX_USAGE` in sysexits.h).
 
 mod doctor;
+mod leader_elect;
 mod logging;
 mod resolve;
 mod serve;

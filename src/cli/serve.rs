@@ -73,6 +73,9 @@ pub(super) struct ServeArgs {
     sink_registry: Vec<Registry>,
 
     #[command(flatten)]
+    leader: Box<super::leader_elect::LeaderElectArgs>,
+
+    #[command(flatten)]
     sources: Sources,
 }
 
@@ -90,6 +93,7 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
     };
     server::access::check_exposure(&args.listen, bearer_token.is_some(), args.insecure_listen)
         .map_err(Failure::Config)?;
+    args.leader.check_durations().map_err(Failure::Config)?;
     let core = build_core(&args.sources)?;
     let bound = Bound::bind_with(&args.listen, args.socket_group)
         .await
@@ -101,7 +105,8 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
             Failure::Runtime(format!("cannot watch static credential sources: {e}"))
         })?)
     };
-    let _secret_sync = if args.sync_secret.is_empty() {
+    let mut elector = None;
+    let mut secret_sync = if args.sync_secret.is_empty() {
         None
     } else {
         let client = crate::kubernetes::client_from_environment()
@@ -113,12 +118,24 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
         };
         // The first pass runs in the task too: a slow API server must not delay serving.
         let broker = core.broker.clone();
-        Some(AbortOnDrop(tokio::spawn(async move {
-            crate::sinks::secret_sync::SecretSync::start(broker, config, client)
-                .await
-                .run()
-                .await
-        })))
+        if args.leader.enabled() {
+            let running = super::leader_elect::start(&args.leader, &client, &core)?;
+            let sync = crate::sinks::secret_sync::SecretSync::guarded(
+                broker,
+                config,
+                client,
+                running.leadership(),
+            );
+            elector = Some(running);
+            Some(AbortOnDrop(tokio::spawn(sync.run())))
+        } else {
+            Some(AbortOnDrop(tokio::spawn(async move {
+                crate::sinks::secret_sync::SecretSync::start(broker, config, client)
+                    .await
+                    .run()
+                    .await
+            })))
+        }
     };
     let _sink = match args.write_docker_config {
         None => None,
@@ -186,6 +203,13 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
         r = &mut server => return finish(r),
         _ = signalled_rx => {}
     }
+    if let Some(elector) = elector {
+        // The guarded writes stop first, then the Lease is released for the next leader.
+        if let Some(sync) = secret_sync.take() {
+            sync.stop().await;
+        }
+        elector.shutdown().await;
+    }
     tracing::info!(grace = ?args.shutdown_grace, "Shutting down; finishing in-flight requests");
     match tokio::time::timeout(args.shutdown_grace, &mut server).await {
         Ok(r) => finish(r),
@@ -197,6 +221,14 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl AbortOnDrop {
+    /// Aborts the task and waits until it has stopped.
+    async fn stop(mut self) {
+        self.0.abort();
+        let _ = (&mut self.0).await;
+    }
+}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

@@ -1,10 +1,12 @@
-//! Kubernetes API access shared by everything that talks to an API server (today the
-//! Secret sync): the client set-up and the log caps that keep response bodies, which may
-//! hold Secret data, out of the log.
+//! Kubernetes API access shared by everything that talks to an API server (the Secret
+//! sync, and [`lease`]: leader election among replicas): the client set-up and the log
+//! caps that keep response bodies, which may hold Secret data, out of the log.
 //!
 //! The client is kube-rs. In a pod it uses the service account (in-cluster config:
 //! `KUBERNETES_SERVICE_HOST`, the mounted token and CA); elsewhere the kubeconfig
 //! (`KUBECONFIG`, `~/.kube/config`).
+
+pub mod lease;
 
 /// Log caps for the API client: kube-client logs a whole response body at WARN when it
 /// cannot parse it, which for a Secret would be its data. Applied after the user's filter.

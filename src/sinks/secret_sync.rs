@@ -19,6 +19,12 @@
 //! HTTP endpoint keeps serving. Update conflicts (another writer changed the
 //! `resourceVersion`) and create races are retried at once, a few times.
 //!
+//! With leader election (`serve --leader-elect`, [`crate::kubernetes::lease`]) only the
+//! leader writes: [`SecretSync::guarded`] checks [`Leadership::may_write`] again
+//! immediately before every create or update, bounds every API call by the leader's write
+//! deadline, records the writer's holder identity in the annotation [`WRITTEN_BY`], and
+//! runs a pass as soon as this replica starts leading.
+//!
 //! The API client is kube-rs, set up by [`crate::kubernetes::client_from_environment`]. Needed
 //! RBAC: `get`, `create`, `update` on `secrets` in each namespace named (see deploy/).
 
@@ -37,6 +43,7 @@ use zeroize::Zeroizing;
 
 use super::{Held, MAX_SLEEP, MIN_SLEEP};
 use crate::broker::Broker;
+use crate::kubernetes::lease::Leadership;
 
 /// The label regbroker sets on the Secrets it owns, and requires before updating one.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
@@ -46,6 +53,9 @@ pub const MANAGED_BY: &str = "regbroker";
 pub const SECRET_TYPE: &str = "kubernetes.io/dockerconfigjson";
 /// The data key holding the docker config.
 pub const DATA_KEY: &str = ".dockerconfigjson";
+/// The annotation naming the leader election holder that wrote the Secret last (set only
+/// with leader election).
+pub const WRITTEN_BY: &str = "regbroker/written-by";
 
 /// How many times a conflicting write is retried at once within one pass.
 const CONFLICT_RETRIES: usize = 3;
@@ -126,6 +136,8 @@ pub enum Outcome {
     Foreign,
     /// The API call failed (message, no secrets); retried with backoff.
     Failed(String),
+    /// Not written: this replica is not the leader (or its renew deadline passed).
+    NotLeader,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -140,6 +152,40 @@ enum SyncError {
     Api(#[from] kube::Error),
     #[error("gave up after {CONFLICT_RETRIES} conflicting writes")]
     Conflicts,
+    #[error("not the leader")]
+    NotLeader,
+}
+
+/// `call`, bounded by the leader's write deadline when there is a guard.
+async fn guarded<T>(
+    guard: Option<&Leadership>,
+    call: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, SyncError> {
+    let Some(g) = guard else {
+        return Ok(call.await?);
+    };
+    let deadline = g.write_deadline().ok_or(SyncError::NotLeader)?;
+    match tokio::time::timeout_at(deadline, call).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(SyncError::NotLeader),
+    }
+}
+
+/// Immediately before a write: still the leader, within the renew deadline?
+fn may_write(guard: Option<&Leadership>) -> Result<(), SyncError> {
+    match guard {
+        Some(g) if !g.may_write() => Err(SyncError::NotLeader),
+        _ => Ok(()),
+    }
+}
+
+/// Records the writer in `meta` (with a guard).
+fn sign(meta: &mut ObjectMeta, guard: Option<&Leadership>) {
+    if let Some(g) = guard {
+        meta.annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(WRITTEN_BY.to_string(), g.identity().to_string());
+    }
 }
 
 struct Target {
@@ -156,6 +202,7 @@ pub struct SecretSync {
     held: BTreeMap<Registry, Held>,
     targets: Vec<Target>,
     next: Duration,
+    guard: Option<Leadership>,
 }
 
 impl fmt::Debug for SecretSync {
@@ -166,6 +213,7 @@ impl fmt::Debug for SecretSync {
                 &self.targets.iter().map(|t| &t.secret).collect::<Vec<_>>(),
             )
             .field("registries", &self.held.keys().collect::<Vec<_>>())
+            .field("guard", &self.guard.as_ref().map(|g| g.identity()))
             .finish()
     }
 }
@@ -213,20 +261,21 @@ fn keep_missing(
 
 /// Makes `secret` hold `contents`, creating it if absent. Never touches a Secret
 /// without regbroker's label. Entries for `missing` registries are kept (see
-/// [`keep_missing`]).
+/// [`keep_missing`]). With a `guard`, writes only while it may, and signs each write.
 async fn upsert(
     client: &kube::Client,
     secret: &SecretRef,
     contents: &str,
     missing: &[Registry],
+    guard: Option<&Leadership>,
 ) -> Result<Outcome, SyncError> {
     let api: Api<Secret> = Api::namespaced(client.clone(), &secret.namespace);
     let data =
         |contents: &[u8]| BTreeMap::from([(DATA_KEY.to_string(), ByteString(contents.to_vec()))]);
     for _ in 0..CONFLICT_RETRIES {
-        match api.get_opt(&secret.name).await? {
+        match guarded(guard, api.get_opt(&secret.name)).await? {
             None => {
-                let new = Secret {
+                let mut new = Secret {
                     metadata: ObjectMeta {
                         name: Some(secret.name.clone()),
                         namespace: Some(secret.namespace.clone()),
@@ -240,11 +289,14 @@ async fn upsert(
                     data: Some(data(contents.as_bytes())),
                     ..Secret::default()
                 };
-                match api.create(&PostParams::default(), &new).await {
+                sign(&mut new.metadata, guard);
+                may_write(guard)?;
+                match guarded(guard, api.create(&PostParams::default(), &new)).await {
                     Ok(_) => return Ok(Outcome::Created),
                     // Someone created it between our read and write: read again.
-                    Err(kube::Error::Api(s)) if s.is_already_exists() || s.is_conflict() => {}
-                    Err(e) => return Err(e.into()),
+                    Err(SyncError::Api(kube::Error::Api(s)))
+                        if s.is_already_exists() || s.is_conflict() => {}
+                    Err(e) => return Err(e),
                 }
             }
             Some(mut existing) => {
@@ -271,13 +323,15 @@ async fn upsert(
                 // conflicts instead of being overwritten).
                 existing.data = Some(data(contents));
                 existing.string_data = None;
-                match api
-                    .replace(&secret.name, &PostParams::default(), &existing)
-                    .await
-                {
+                sign(&mut existing.metadata, guard);
+                may_write(guard)?;
+                let params = PostParams::default();
+                let replace = api.replace(&secret.name, &params, &existing);
+                match guarded(guard, replace).await {
                     Ok(_) => return Ok(Outcome::Updated),
-                    Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => {}
-                    Err(e) => return Err(e.into()),
+                    Err(SyncError::Api(kube::Error::Api(s)))
+                        if s.is_conflict() || s.is_not_found() => {}
+                    Err(e) => return Err(e),
                 }
             }
         }
@@ -289,7 +343,30 @@ impl SecretSync {
     /// Syncs once (start-up). API errors do not fail start-up: they are logged and the
     /// Secret is retried with backoff by [`SecretSync::run`].
     pub async fn start(broker: Arc<Broker>, config: Config, client: kube::Client) -> SecretSync {
-        let mut sync = SecretSync {
+        let mut sync = SecretSync::new(broker, config, client, None);
+        sync.refresh().await;
+        sync
+    }
+
+    /// A sync that writes only while `leadership` may ([`Leadership::may_write`], checked
+    /// again before every write), and signs each write with its identity. No pass runs
+    /// until [`SecretSync::run`], which runs one whenever this replica starts leading.
+    pub fn guarded(
+        broker: Arc<Broker>,
+        config: Config,
+        client: kube::Client,
+        leadership: Leadership,
+    ) -> SecretSync {
+        SecretSync::new(broker, config, client, Some(leadership))
+    }
+
+    fn new(
+        broker: Arc<Broker>,
+        config: Config,
+        client: kube::Client,
+        guard: Option<Leadership>,
+    ) -> SecretSync {
+        SecretSync {
             broker,
             client,
             extra: config.extra,
@@ -304,15 +381,23 @@ impl SecretSync {
                 })
                 .collect(),
             next: MIN_SLEEP,
-        };
-        sync.refresh().await;
-        sync
+            guard,
+        }
     }
 
     /// One pass now: fetch every registry (from the cache where fresh), then read each
     /// Secret and write it if its data differs. The run loop calls this at each refresh
     /// point and after failures.
     pub async fn refresh(&mut self) {
+        if let Some(g) = &self.guard
+            && !g.may_write()
+        {
+            for target in &mut self.targets {
+                target.last = Some(Outcome::NotLeader);
+            }
+            self.next = MAX_SLEEP;
+            return;
+        }
         let mut next = super::pass(&self.broker, &self.extra, &mut self.held).await;
         let contents: Zeroizing<String> = super::render(&self.held);
         let missing: Vec<Registry> = super::registries(&self.broker, &self.extra)
@@ -321,7 +406,8 @@ impl SecretSync {
             .collect();
         for target in &mut self.targets {
             let secret = &target.secret;
-            let outcome = match upsert(&self.client, secret, &contents, &missing).await {
+            let guard = self.guard.as_ref();
+            let outcome = match upsert(&self.client, secret, &contents, &missing, guard).await {
                 Ok(o) => {
                     target.failures = 0;
                     match o {
@@ -334,6 +420,10 @@ impl SecretSync {
                         _ => tracing::debug!(%secret, "Secret up to date"),
                     }
                     o
+                }
+                Err(SyncError::NotLeader) => {
+                    tracing::info!(%secret, "Not writing the Secret: no longer leading");
+                    Outcome::NotLeader
                 }
                 Err(SyncError::Foreign) => {
                     target.failures = 0;
@@ -366,10 +456,26 @@ impl SecretSync {
         self.next
     }
 
-    /// Keeps the Secrets fresh until the task is dropped.
+    /// Keeps the Secrets fresh until the task is dropped. With a guard, a pass also runs
+    /// as soon as this replica starts leading, and none while it does not.
     pub async fn run(mut self) {
+        let Some(mut terms) = self.guard.as_ref().map(Leadership::terms) else {
+            loop {
+                super::wait_for_next_pass(&self.broker, self.next).await;
+                self.refresh().await;
+            }
+        };
+        terms.mark_changed();
         loop {
-            super::wait_for_next_pass(&self.broker, self.next).await;
+            tokio::select! {
+                changed = terms.changed() => {
+                    if changed.is_err() {
+                        // The elector is gone: nobody will grant leadership again.
+                        std::future::pending::<()>().await;
+                    }
+                }
+                _ = super::wait_for_next_pass(&self.broker, self.next) => {}
+            }
             self.refresh().await;
         }
     }

@@ -146,6 +146,19 @@ on the container, because source-controller's pod does not.
     {{- range $v.dockerConfigSecrets }}
     - {{ printf "--docker-config=/etc/regbroker/docker-config/%s" . | toJson }}
     {{- end }}
+    {{- if and (not .sidecar) $v.leaderElection.enabled }}
+    - --leader-elect
+    - {{ printf "--leader-elect-lease=%s" (include "regbroker.leaseName" $root) | toJson }}
+    {{- with $v.leaderElection.leaseDuration }}
+    - {{ printf "--leader-elect-lease-duration=%s" . | toJson }}
+    {{- end }}
+    {{- with $v.leaderElection.renewDeadline }}
+    - {{ printf "--leader-elect-renew-deadline=%s" . | toJson }}
+    {{- end }}
+    {{- with $v.leaderElection.retryPeriod }}
+    - {{ printf "--leader-elect-retry-period=%s" . | toJson }}
+    {{- end }}
+    {{- end }}
     {{- range $v.extraArgs }}
     {{- if regexMatch "^--(listen|probe-listen)(=|$)" . }}
     {{- fail (printf "extraArgs: %s is the chart's (the credential endpoint stays on loopback 127.0.0.1:8477, probes on 0.0.0.0:8478)" .) }}
@@ -220,4 +233,11 @@ The volumes the container mounts (a list, possibly empty).
   secret:
     secretName: {{ $name }}
 {{- end }}
+{{- end }}
+
+{{/*
+The leader election Lease's name (standalone): leaderElection.leaseName, else the full name.
+*/}}
+{{- define "regbroker.leaseName" -}}
+{{- .Values.leaderElection.leaseName | default (include "regbroker.fullname" .) }}
 {{- end }}
