@@ -146,6 +146,10 @@ async fn malformed_requests_are_400_without_upstream_work() {
         "a.fake.test\n",
         "ftp://a.fake.test",
         "ä.fake.test",
+        // Paths that break the distribution grammar are refused, not reduced to a host.
+        "a.fake.test/../../etc/passwd",
+        "oci://a.fake.test/org//charts",
+        "a.fake.test/./repo",
     ] {
         let (status, body) = srv.credentials(bad).await;
         assert_eq!(status, 400, "{bad:?}: {body}");
@@ -161,9 +165,12 @@ async fn malformed_requests_are_400_without_upstream_work() {
         let (status, body) = srv.get(&format!("/v1/credentials{query}")).await;
         assert_eq!(status, 400, "{query}: {body}");
     }
+    // A trailing slash, as in Flux's `oci://ghcr.io/my-org/charts/`, stays accepted.
+    let (status, body) = srv.credentials("oci://a.fake.test/my-org/charts/").await;
+    assert_eq!(status, 200, "{body}");
     let long = format!("?registry={}", "a".repeat(5000));
     assert_eq!(srv.get(&format!("/v1/credentials{long}")).await.0, 400);
-    assert_eq!(srv.fake.calls(), 0);
+    assert_eq!(srv.fake.calls(), 1, "only the well-formed reference went upstream");
 }
 
 #[tokio::test]

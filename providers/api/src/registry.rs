@@ -60,6 +60,10 @@ pub enum ParseError {
     InvalidLabel(String),
     /// A bracketed IPv6 literal that does not parse.
     InvalidIpv6,
+    /// The path after the host breaks the distribution grammar: an empty, `.` or `..`
+    /// component, or characters a repository name, tag or digest cannot hold. The
+    /// reference is refused rather than reduced to its host.
+    InvalidPath,
 }
 
 impl fmt::Display for ParseError {
@@ -91,6 +95,9 @@ impl fmt::Display for ParseError {
                 "invalid label `{l}` in registry host (labels are 1-63 letters, digits or inner hyphens)"
             ),
             ParseError::InvalidIpv6 => f.write_str("invalid IPv6 literal in registry host"),
+            ParseError::InvalidPath => f.write_str(
+                "invalid path in registry reference: each component must be a repository name (lower-case letters and digits, joined by `.`, `_`, `__` or `-`), with an optional `:tag` and `@digest`; empty, `.` and `..` components are refused",
+            ),
         }
     }
 }
@@ -148,6 +155,11 @@ impl Registry {
         let has_path = end < rest.len();
         if authority.contains('@') {
             return Err(ParseError::UserInfo);
+        }
+        if rest[end..].starts_with('/') {
+            let path = &rest[end + 1..];
+            let path_end = path.find(['?', '#']).unwrap_or(path.len());
+            check_path(&path[..path_end])?;
         }
 
         // An image reference without a scheme follows docker's rule: the first path
@@ -233,6 +245,115 @@ impl std::str::FromStr for Registry {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Registry::parse(s)
     }
+}
+
+/// Checks what follows `host/` against the distribution reference grammar: repository
+/// path components (`[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*`, letters taken in either
+/// case so a URL typed in capitals still names its host), a `:tag` on the last one and an
+/// `@digest` at the end. One trailing `/` is allowed (Flux's
+/// `oci://ghcr.io/my-org/charts/`), as is the empty path of `https://host/`.
+fn check_path(path: &str) -> Result<(), ParseError> {
+    if path.is_empty() {
+        return Ok(());
+    }
+    let path = path.strip_suffix('/').unwrap_or(path);
+    let (path, digest) = match path.split_once('@') {
+        Some((p, d)) => (p, Some(d)),
+        None => (path, None),
+    };
+    if let Some(d) = digest
+        && !is_digest(d)
+    {
+        return Err(ParseError::InvalidPath);
+    }
+    let (path, tag) = match path.rsplit_once('/') {
+        Some((head, last)) => match last.split_once(':') {
+            Some((name, tag)) => (&path[..head.len() + 1 + name.len()], Some(tag)),
+            None => (path, None),
+        },
+        None => match path.split_once(':') {
+            Some((name, tag)) => (name, Some(tag)),
+            None => (path, None),
+        },
+    };
+    if let Some(t) = tag
+        && !is_tag(t)
+    {
+        return Err(ParseError::InvalidPath);
+    }
+    if path.split('/').all(is_path_component) {
+        Ok(())
+    } else {
+        Err(ParseError::InvalidPath)
+    }
+}
+
+fn is_alnum(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+}
+
+/// `[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*`, case-insensitively.
+fn is_path_component(c: &str) -> bool {
+    let b = c.as_bytes();
+    if b.is_empty() || !is_alnum(b[0]) || !is_alnum(b[b.len() - 1]) {
+        return false;
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if is_alnum(b[i]) {
+            i += 1;
+            continue;
+        }
+        // A separator run: `.`, `_`, `__` or one or more `-`, then an alphanumeric.
+        let start = i;
+        match b[i] {
+            b'.' => i += 1,
+            b'_' => {
+                i += 1;
+                if b.get(i) == Some(&b'_') {
+                    i += 1;
+                }
+            }
+            b'-' => {
+                while b.get(i) == Some(&b'-') {
+                    i += 1;
+                }
+            }
+            _ => return false,
+        }
+        if i == start || !b.get(i).copied().is_some_and(is_alnum) {
+            return false;
+        }
+    }
+    true
+}
+
+/// `[\w][\w.-]{0,127}`.
+fn is_tag(t: &str) -> bool {
+    let word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let b = t.as_bytes();
+    !b.is_empty()
+        && b.len() <= 128
+        && word(b[0])
+        && b[1..].iter().all(|&c| word(c) || c == b'.' || c == b'-')
+}
+
+/// `algorithm:encoded`: `[a-z0-9]+(?:[+._-][a-z0-9]+)*` `:` `[a-zA-Z0-9=_-]+`.
+fn is_digest(d: &str) -> bool {
+    let Some((alg, enc)) = d.split_once(':') else {
+        return false;
+    };
+    let alg_ok = !alg.is_empty()
+        && alg.split(['+', '.', '_', '-']).all(|p| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        });
+    let enc_ok = !enc.is_empty()
+        && enc
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'=' || b == b'_' || b == b'-');
+    alg_ok && enc_ok
 }
 
 fn split_host_port(authority: &str) -> Result<(&str, Option<u16>), ParseError> {
@@ -344,6 +465,12 @@ mod tests {
             ("fluxcd/flux:latest", "docker.io"),
             ("xn--bcher-kva.example", "xn--bcher-kva.example"),
             ("registry", "registry"),
+            ("oci://ghcr.io/my-org/charts/", "ghcr.io"),
+            ("https://example.com/", "example.com"),
+            ("example.com/a.b/c__d/e-f--g/h_i:v1.2-rc_3", "example.com"),
+            ("example.com:5000/repo@sha256:abcd", "example.com:5000"),
+            ("example.com/repo:tag@sha256:abcd", "example.com"),
+            ("https://example.com/v2/?scope=x", "example.com"),
             (
                 "123456789012.dkr.ecr.us-east-1.amazonaws.com",
                 "123456789012.dkr.ecr.us-east-1.amazonaws.com",
@@ -448,6 +575,45 @@ mod tests {
                 Err(e) => assert!(check(&e), "{input:?} rejected for the wrong reason: {e:?}"),
             }
         }
+    }
+
+    #[test]
+    fn references_whose_path_breaks_the_distribution_grammar_are_refused() {
+        for input in [
+            "ghcr.io/../../etc/passwd",
+            "ghcr.io/org/../other",
+            "ghcr.io/./repo",
+            "ghcr.io/org//repo",
+            "ghcr.io//",
+            "oci://ghcr.io/org/charts//",
+            "ghcr.io/org/repo/.",
+            "ghcr.io/-repo",
+            "ghcr.io/repo-",
+            "ghcr.io/re...po",
+            "ghcr.io/re___po",
+            "ghcr.io/repo%2f..",
+            "ghcr.io/repo:",
+            "ghcr.io/repo:-tag",
+            "ghcr.io/repo:ta/g",
+            "ghcr.io/repo@",
+            "ghcr.io/repo@sha256",
+            "ghcr.io/repo@SHA256:abc",
+            "ghcr.io/repo@sha256:ab/c",
+            "library/../nginx",
+            "https://example.com/v2/../../admin",
+        ] {
+            assert_eq!(
+                Registry::parse(input),
+                Err(ParseError::InvalidPath),
+                "{input:?}"
+            );
+        }
+        let long_tag = format!("ghcr.io/repo:{}", "t".repeat(129));
+        assert_eq!(Registry::parse(&long_tag), Err(ParseError::InvalidPath));
+        let msg = Registry::parse("ghcr.io/../secret-ish")
+            .unwrap_err()
+            .to_string();
+        assert!(!msg.contains("secret-ish"), "the path is not echoed: {msg}");
     }
 
     #[test]
