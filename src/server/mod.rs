@@ -28,6 +28,7 @@ pub mod access;
 mod error;
 pub mod limits;
 pub mod listen;
+pub mod tls;
 
 pub use error::AppError;
 
