@@ -184,6 +184,14 @@ impl Backend {
             Backend::InProcess(broker) => match broker.credential(registry).await {
                 Ok(served) => Ok(Lookup::Found(served.credential)),
                 Err(BrokerError::NotConfigured(_)) => Ok(Lookup::NotFound),
+                // A provider that declines the host (a GCP identity of another universe):
+                // go anonymous, as the sidecar's 404 says.
+                Err(BrokerError::Provider { error, .. })
+                    if error.kind() == regbroker_provider::ErrorKind::NotConfigured =>
+                {
+                    tracing::info!(error = %error.chain(), "Provider does not serve this registry");
+                    Ok(Lookup::NotFound)
+                }
                 Err(e) => {
                     if let BrokerError::Provider { error, .. } = &e {
                         tracing::warn!(error = %error.chain(), "Credential lookup failed");
