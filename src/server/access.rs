@@ -81,7 +81,7 @@ pub fn check_exposure(
         Listen::Unix(_) if has_tls => Err(
             "--tls-cert-file applies to a TCP --listen address, not to a unix socket".to_string(),
         ),
-        Listen::Tcp(addr) if !addr.ip().is_loopback() && !insecure && !(has_token && has_tls) => {
+        Listen::Tcp(addr) if !(addr.ip().is_loopback() || insecure || has_token && has_tls) => {
             let missing = match (has_token, has_tls) {
                 (false, false) => {
                     "without --auth-token-file and TLS (--tls-cert-file, --tls-key-file)"
