@@ -135,7 +135,9 @@ pub fn watch(tls: Arc<Tls>) -> Result<Watcher, String> {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
     // Without notifications (inotify limits), polling alone still picks up a rotation.
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        // inotify also reports opens and reads (ours included, at every reload): only a
+        // change counts, or each reload would schedule the next.
+        if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
             let _ = tx.try_send(());
         }
     })
@@ -179,7 +181,7 @@ pub fn watch(tls: Arc<Tls>) -> Result<Watcher, String> {
                     last_failed = None;
                     tracing::info!(cert = %tls.files.cert.display(), "Reloaded TLS certificate");
                 }
-                Ok(false) => {}
+                Ok(false) => tracing::trace!("TLS files unchanged"),
                 Err(e) => {
                     let digest = digest.ok();
                     if digest.is_none() || digest != last_failed {
