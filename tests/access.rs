@@ -83,45 +83,7 @@ async fn bearer_token_guards_credentials_but_not_probes() {
     assert!(srv.stop().success());
 }
 
-#[test]
-fn non_loopback_listen_needs_a_token_or_an_explicit_opt_out() {
-    let dir = tempfile::tempdir().unwrap();
-    let (dc, token) = files(dir.path());
-    let out = Command::new(BIN)
-        .args(["serve", "--listen", "0.0.0.0:0", "--docker-config", &dc])
-        .env_clear()
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("refusing") && err.contains("--insecure-listen"),
-        "{err}"
-    );
-
-    for extra in [
-        vec!["--insecure-listen"],
-        vec!["--auth-token-file", token.as_str()],
-    ] {
-        let mut args = vec!["--docker-config", dc.as_str(), "--listen", "0.0.0.0:0"];
-        args.extend(extra.iter().copied());
-        let mut child = Command::new(BIN)
-            .arg("serve")
-            .args(&args)
-            .env_clear()
-            .env("REGBROKER_LOG_FORMAT", "json")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut stderr = child.stderr.take().unwrap();
-        let mut buf = [0u8; 4096];
-        let n = stderr.read(&mut buf).unwrap();
-        let first = String::from_utf8_lossy(&buf[..n]);
-        assert!(first.contains("Listening"), "{extra:?}: {first}");
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-}
+// The non-loopback rule (a token and TLS, or --insecure-listen) is tested in tests/tls.rs.
 
 #[test]
 fn weak_or_unreadable_token_files_are_refused_without_quoting_them() {

@@ -13,6 +13,11 @@
 #[allow(dead_code)]
 mod checks;
 
+// The provider answer checks call the three provider crates: built with all of them only.
+#[cfg(all(feature = "aws", feature = "azure", feature = "gcp"))]
+#[path = "../fuzz/src/provider_checks.rs"]
+mod provider_checks;
+
 use std::path::{Path, PathBuf};
 
 use regbroker::broker::providers::Providers;
@@ -97,4 +102,42 @@ fn kubelet_request_inputs_replay() {
             .and_then(|v| v["image"].as_str().map(cloud_host))
             .unwrap_or(false)
     });
+}
+
+#[cfg(all(feature = "aws", feature = "azure", feature = "gcp"))]
+mod provider_answers {
+    use super::{never, provider_checks, replay};
+
+    #[test]
+    fn ecr_authorization_data_inputs_replay() {
+        replay(
+            "ecr_authorization_data",
+            provider_checks::ecr_authorization_data,
+            never,
+        );
+    }
+
+    #[test]
+    fn acr_exchange_inputs_replay() {
+        replay("acr_exchange", provider_checks::acr_exchange, never);
+    }
+
+    #[test]
+    fn acr_refresh_token_inputs_replay() {
+        replay(
+            "acr_refresh_token",
+            provider_checks::acr_refresh_token,
+            never,
+        );
+    }
+
+    #[test]
+    fn google_answer_inputs_replay() {
+        replay("google_answer", provider_checks::google_answer, never);
+    }
+
+    #[test]
+    fn entra_error_inputs_replay() {
+        replay("entra_error", provider_checks::entra_error, never);
+    }
 }

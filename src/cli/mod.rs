@@ -50,7 +50,8 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the sidecar: serve credentials over HTTP.
-    Serve(ServeArgs),
+    // Boxed: the sidecar's flags are most of the enum's size (clippy large_enum_variant).
+    Serve(Box<ServeArgs>),
     /// Say which rule and source serve a registry, and fetch its credential once.
     Resolve(ResolveArgs),
     /// Check the setup: each cloud's identity (with one real call) and, for each REGISTRY,
@@ -155,7 +156,7 @@ pub fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match command {
-            Command::Serve(args) => serve::run(args).await,
+            Command::Serve(args) => serve::run(*args).await,
             Command::Resolve(args) => resolve::run(args).await,
             Command::Doctor(args) => doctor::run(args).await,
             Command::CredentialHelper(_) | Command::KubeletCredentialProvider => Ok(()),

@@ -36,10 +36,30 @@ pub(super) struct ServeArgs {
     #[arg(long, env = "REGBROKER_AUTH_TOKEN_FILE", value_name = "PATH")]
     auth_token_file: Option<PathBuf>,
 
-    /// Allow listening on a non-loopback address without a token. Anyone who can reach
-    /// the port gets registry credentials: only for networks you fully control.
+    /// Allow listening on a non-loopback address without a token or without TLS. Anyone
+    /// who can reach (or watch) the port gets registry credentials: only for networks you
+    /// fully control.
     #[arg(long, env = "REGBROKER_INSECURE_LISTEN")]
     insecure_listen: bool,
+
+    /// Serve TLS on the TCP listener with this PEM certificate chain (leaf first); read
+    /// again when it changes, for new connections.
+    #[arg(
+        long,
+        env = "REGBROKER_TLS_CERT_FILE",
+        value_name = "PATH",
+        requires = "tls_key_file"
+    )]
+    tls_cert_file: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert-file.
+    #[arg(
+        long,
+        env = "REGBROKER_TLS_KEY_FILE",
+        value_name = "PATH",
+        requires = "tls_cert_file"
+    )]
+    tls_key_file: Option<PathBuf>,
 
     /// Numeric group id that may use the unix socket (mode 0660 instead of 0600).
     #[arg(long, env = "REGBROKER_SOCKET_GROUP", value_name = "GID")]
@@ -91,8 +111,23 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
         )),
         None => None,
     };
-    server::access::check_exposure(&args.listen, bearer_token.is_some(), args.insecure_listen)
-        .map_err(Failure::Config)?;
+    server::access::check_exposure(
+        &args.listen,
+        bearer_token.is_some(),
+        args.tls_cert_file.is_some(),
+        args.insecure_listen,
+    )
+    .map_err(Failure::Config)?;
+    let tls = match (&args.tls_cert_file, &args.tls_key_file) {
+        (Some(cert), Some(key)) => Some(Arc::new(
+            server::tls::Tls::load(server::tls::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            })
+            .map_err(Failure::Config)?,
+        )),
+        _ => None,
+    };
     args.leader.check_durations().map_err(Failure::Config)?;
     let core = build_core(&args.sources)?;
     let bound = Bound::bind_with(&args.listen, args.socket_group)
@@ -186,6 +221,7 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
     );
     tracing::info!(
         listen = %bound.local(),
+        tls = tls.is_some(),
         static_entries = core.statics.snapshot().len(),
         version = env!("CARGO_PKG_VERSION"),
         "Listening"
@@ -197,7 +233,13 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
         shutdown_signal().await;
         let _ = signalled_tx.send(());
     };
-    let server = tokio::spawn(bound.serve(app, shutdown));
+    let _tls_watch = match &tls {
+        Some(t) => Some(server::tls::watch(t.clone()).map_err(Failure::Runtime)?),
+        None => None,
+    };
+    let acceptor = tls.as_ref().map(|t| t.acceptor());
+    let server =
+        tokio::spawn(bound.serve_tls(app, shutdown, server::ConnLimits::default(), acceptor));
     tokio::pin!(server);
     tokio::select! {
         r = &mut server => return finish(r),

@@ -2,8 +2,12 @@
 //! credentials: a running sidecar, or an in-process broker.
 //!
 //! A helper gets no flags from the client that runs it, so both read the environment:
-//! - `REGBROKER_ENDPOINT`: `http://127.0.0.1:PORT` or `unix:/path/to/socket` of a running
-//!   `regbroker serve`. When set, the sidecar is asked.
+//! - `REGBROKER_ENDPOINT`: `http://127.0.0.1:PORT`, `https://HOST:PORT` or
+//!   `unix:/path/to/socket` of a running `regbroker serve`. When set, the sidecar is asked.
+//! - `REGBROKER_CA_FILE`: for an `https://` endpoint, the PEM CA certificate(s) its
+//!   certificate must chain to (required: a sidecar's certificate comes from a cluster's
+//!   own CA, such as cert-manager's, not from the public web PKI).
+//! - `REGBROKER_AUTH_TOKEN_FILE`: the sidecar's bearer token, if it needs one.
 //! - otherwise an in-process broker built from `REGBROKER_CONFIG`,
 //!   `REGBROKER_DOCKER_CONFIG` (comma-separated) and the clouds' own variables, with the
 //!   optional disk cache `REGBROKER_CACHE_DIR` (see [`super::disk_cache`]).
@@ -19,6 +23,8 @@ use crate::broker::{Broker, BrokerError};
 
 /// Env var naming a running sidecar.
 pub const ENDPOINT_ENV: &str = "REGBROKER_ENDPOINT";
+/// Env var naming the CA file an `https://` sidecar's certificate is checked against.
+pub const CA_FILE_ENV: &str = "REGBROKER_CA_FILE";
 
 /// How long to wait for a sidecar's answer.
 const SIDECAR_TIMEOUT: Duration = Duration::from_secs(30);
@@ -39,6 +45,8 @@ pub enum Lookup {
 pub enum Endpoint {
     /// `http://HOST:PORT` (loopback, normally).
     Http(String),
+    /// `https://HOST:PORT`: TLS, the certificate checked against [`CA_FILE_ENV`].
+    Https(String),
     /// `unix:/path`.
     Unix(PathBuf),
 }
@@ -52,14 +60,21 @@ impl std::str::FromStr for Endpoint {
             }
             return Ok(Endpoint::Unix(PathBuf::from(p)));
         }
-        let authority = s
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("endpoint `{s}` must be http://HOST:PORT or unix:PATH"))?
-            .trim_end_matches('/');
+        let usage =
+            || format!("endpoint `{s}` must be http://HOST:PORT, https://HOST:PORT or unix:PATH");
+        let (https, rest) = match (s.strip_prefix("https://"), s.strip_prefix("http://")) {
+            (Some(rest), _) => (true, rest),
+            (None, Some(rest)) => (false, rest),
+            (None, None) => return Err(usage()),
+        };
+        let authority = rest.trim_end_matches('/');
         if authority.is_empty() || authority.contains(['/', '@', '?', '#']) {
-            return Err(format!(
-                "endpoint `{s}` must be http://HOST:PORT or unix:PATH"
-            ));
+            return Err(usage());
+        }
+        if https {
+            // The certificate is checked against the host part: it must parse as one.
+            server_name(authority).map_err(|e| format!("endpoint `{s}`: {e}"))?;
+            return Ok(Endpoint::Https(authority.to_string()));
         }
         Ok(Endpoint::Http(authority.to_string()))
     }
@@ -68,8 +83,13 @@ impl std::str::FromStr for Endpoint {
 /// A source of credentials for one-shot modes.
 #[derive(Debug)]
 pub enum Backend {
-    /// Ask a running sidecar, with its bearer token if it needs one.
-    Sidecar(Endpoint, Option<SecretString>),
+    /// Ask a running sidecar, with its bearer token if it needs one (and, for `https`,
+    /// the TLS settings that trust its CA).
+    Sidecar(
+        Endpoint,
+        Option<SecretString>,
+        Option<Arc<rustls::ClientConfig>>,
+    ),
     /// Run the broker in this process.
     InProcess(Arc<Broker>),
 }
@@ -87,6 +107,8 @@ pub struct Settings {
     pub cache_dir: Option<PathBuf>,
     /// Bearer token file for the sidecar (`REGBROKER_AUTH_TOKEN_FILE`).
     pub auth_token_file: Option<PathBuf>,
+    /// CA certificates for an `https://` sidecar (`REGBROKER_CA_FILE`).
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -110,6 +132,7 @@ impl Settings {
                 .unwrap_or_default(),
             cache_dir: nonempty(crate::oneshot::disk_cache::ENV).map(PathBuf::from),
             auth_token_file: nonempty("REGBROKER_AUTH_TOKEN_FILE").map(PathBuf::from),
+            ca_file: nonempty(CA_FILE_ENV).map(PathBuf::from),
         })
     }
 }
@@ -122,7 +145,16 @@ impl Backend {
                 Some(p) => Some(crate::server::access::read_token_file(p)?),
                 None => None,
             };
-            return Ok(Backend::Sidecar(e.clone(), token));
+            let tls = match (e, &settings.ca_file) {
+                (Endpoint::Https(_), Some(ca)) => Some(Arc::new(client_tls(ca)?)),
+                (Endpoint::Https(_), None) => {
+                    return Err(format!(
+                        "{ENDPOINT_ENV} is https: set {CA_FILE_ENV} to the PEM file of the CA that signed the sidecar's certificate"
+                    ));
+                }
+                _ => None,
+            };
+            return Ok(Backend::Sidecar(e.clone(), token, tls));
         }
         let broker =
             crate::broker::build(settings.config.as_ref(), &settings.docker_config)?.broker;
@@ -154,6 +186,14 @@ impl Backend {
             Backend::InProcess(broker) => match broker.fresh_credential(registry).await {
                 Ok(served) => Ok(Lookup::Found(served.credential)),
                 Err(BrokerError::NotConfigured(_)) => Ok(Lookup::NotFound),
+                // A provider that declines the host (a GCP identity of another universe):
+                // go anonymous, as the sidecar's 404 says.
+                Err(BrokerError::Provider { error, .. })
+                    if error.kind() == regbroker_provider::ErrorKind::NotConfigured =>
+                {
+                    tracing::info!(error = %error.chain(), "Provider does not serve this registry");
+                    Ok(Lookup::NotFound)
+                }
                 Err(e) => {
                     if let BrokerError::Provider { error, .. } = &e {
                         tracing::warn!(error = %error.chain(), "Credential lookup failed");
@@ -161,9 +201,9 @@ impl Backend {
                     Err(e.to_string())
                 }
             },
-            Backend::Sidecar(endpoint, token) => tokio::time::timeout(
+            Backend::Sidecar(endpoint, token, tls) => tokio::time::timeout(
                 SIDECAR_TIMEOUT,
-                ask_sidecar(endpoint, token.as_ref(), registry),
+                ask_sidecar(endpoint, token.as_ref(), tls.as_ref(), registry),
             )
             .await
             .map_err(|_| format!("regbroker sidecar did not answer within {SIDECAR_TIMEOUT:?}"))?,
@@ -192,6 +232,7 @@ impl Backend {
 async fn ask_sidecar(
     endpoint: &Endpoint,
     token: Option<&SecretString>,
+    tls: Option<&Arc<rustls::ClientConfig>>,
     registry: &Registry,
 ) -> Result<Lookup, String> {
     let path = format!(
@@ -209,6 +250,27 @@ async fn ask_sidecar(
             let stream = tokio::net::TcpStream::connect(authority)
                 .await
                 .map_err(|e| unreachable(&e))?;
+            http_get(stream, authority, &path, token)
+                .await
+                .map_err(|e| unreachable(&e))?
+        }
+        Endpoint::Https(authority) => {
+            let tls = tls.ok_or_else(|| format!("{CA_FILE_ENV} is not set"))?;
+            let name = server_name(authority)?;
+            let stream = tokio::net::TcpStream::connect(authority)
+                .await
+                .map_err(|e| unreachable(&e))?;
+            // rustls's error says why the certificate was refused (unknown issuer, wrong
+            // name, expired); it holds no secret.
+            let stream = tokio_rustls::TlsConnector::from(tls.clone())
+                .connect(name, stream)
+                .await
+                .map_err(|e| {
+                    format!(
+                        "TLS with the regbroker sidecar at {} failed (is {CA_FILE_ENV} the CA that signed its certificate?): {e}",
+                        show(endpoint)
+                    )
+                })?;
             http_get(stream, authority, &path, token)
                 .await
                 .map_err(|e| unreachable(&e))?
@@ -253,8 +315,44 @@ async fn ask_sidecar(
 fn show(e: &Endpoint) -> String {
     match e {
         Endpoint::Http(a) => format!("http://{a}"),
+        Endpoint::Https(a) => format!("https://{a}"),
         Endpoint::Unix(p) => format!("unix:{}", p.display()),
     }
+}
+
+/// The host of `HOST:PORT` (`[v6]:PORT` too) as a TLS server name (DNS name or IP).
+fn server_name(authority: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
+    let host = match authority.rsplit_once(':') {
+        Some((h, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => authority,
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|_| format!("`{host}` is not a host name or IP address"))
+}
+
+/// TLS client settings trusting only the CA certificates in `ca_file`.
+fn client_tls(ca_file: &std::path::Path) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let what = format!("{CA_FILE_ENV}: {}", ca_file.display());
+    let pem = std::fs::read(ca_file).map_err(|e| format!("{what}: cannot read it: {e}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|_| format!("{what}: not a valid PEM file"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("{what}: not a usable CA certificate: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("{what}: no CERTIFICATE block in it"));
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("cannot set up TLS: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 async fn http_get<S>(
@@ -306,12 +404,19 @@ mod tests {
             Ok(Endpoint::Http("127.0.0.1:8477".into()))
         );
         assert_eq!(
+            "https://regbroker.flux-system.svc:8477".parse(),
+            Ok(Endpoint::Https("regbroker.flux-system.svc:8477".into()))
+        );
+        assert!(server_name("[::1]:8477").is_ok());
+        assert!(server_name("10.0.0.7:8477").is_ok());
+        assert_eq!(
             "unix:/run/x.sock".parse(),
             Ok(Endpoint::Unix("/run/x.sock".into()))
         );
         for bad in [
             "127.0.0.1:8477",
-            "https://127.0.0.1:8477",
+            "ftp://127.0.0.1:8477",
+            "https://bad_host!:8477",
             "unix:",
             "http://",
             "http://a@b:1",

@@ -66,16 +66,38 @@ pub fn read_token_file(path: &std::path::Path) -> Result<regbroker_provider::Sec
     Ok(token.to_string().into())
 }
 
-/// Refuses to serve credentials on a non-loopback TCP address without a bearer token,
-/// unless `insecure` (`--insecure-listen`) says every client that can reach it may have
-/// every credential. Loopback addresses and unix sockets (guarded by their file mode)
-/// pass.
-pub fn check_exposure(listen: &Listen, has_token: bool, insecure: bool) -> Result<(), String> {
+/// Refuses to serve credentials on a non-loopback TCP address unless they are guarded
+/// there by a bearer token *and* TLS (else the token and every credential cross the
+/// network in cleartext), or `insecure` (`--insecure-listen`) says the network is trusted.
+/// Loopback addresses and unix sockets (guarded by their file mode) pass; TLS applies to
+/// TCP only.
+pub fn check_exposure(
+    listen: &Listen,
+    has_token: bool,
+    has_tls: bool,
+    insecure: bool,
+) -> Result<(), String> {
     match listen {
-        Listen::Tcp(addr) if !addr.ip().is_loopback() && !has_token && !insecure => Err(format!(
-            "refusing to serve credentials on non-loopback address {addr} without --auth-token-file; \
-             pass --insecure-listen if every client that can reach it may have every credential"
-        )),
+        Listen::Unix(_) if has_tls => Err(
+            "--tls-cert-file applies to a TCP --listen address, not to a unix socket".to_string(),
+        ),
+        Listen::Tcp(addr) if !(addr.ip().is_loopback() || insecure || has_token && has_tls) => {
+            let missing = match (has_token, has_tls) {
+                (false, false) => {
+                    "without --auth-token-file and TLS (--tls-cert-file, --tls-key-file)"
+                }
+                (true, false) => {
+                    "without TLS (--tls-cert-file, --tls-key-file): the bearer token and every credential would cross the network in cleartext"
+                }
+                _ => {
+                    "without --auth-token-file: every client that can reach it would get every credential"
+                }
+            };
+            Err(format!(
+                "refusing to serve credentials on non-loopback address {addr} {missing}; \
+                 pass --insecure-listen if the network between it and every client is trusted"
+            ))
+        }
         _ => Ok(()),
     }
 }

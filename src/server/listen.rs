@@ -131,10 +131,22 @@ impl Bound {
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
         limits: ConnLimits,
     ) -> std::io::Result<()> {
+        self.serve_tls(app, shutdown, limits, None).await
+    }
+
+    /// As [`Bound::serve_with`]; with `tls`, every connection is TLS (the handshake must
+    /// finish within the header read timeout, in the connection's own task).
+    pub async fn serve_tls(
+        self,
+        app: Router,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+        limits: ConnLimits,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> std::io::Result<()> {
         match self {
-            Bound::Tcp(l) => accept_loop(l, app, shutdown, limits).await,
+            Bound::Tcp(l) => accept_loop(l, app, shutdown, limits, tls).await,
             Bound::Unix(l, path) => {
-                let r = accept_loop(l, app, shutdown, limits).await;
+                let r = accept_loop(l, app, shutdown, limits, tls).await;
                 let _ = std::fs::remove_file(path);
                 r
             }
@@ -147,6 +159,7 @@ async fn accept_loop<L>(
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     limits: ConnLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> std::io::Result<()>
 where
     L: axum::serve::Listener,
@@ -174,11 +187,34 @@ where
             conn = listener.accept() => conn,
             _ = &mut shutdown => break,
         };
-        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service.clone());
-        let conn = graceful.watch(conn);
+        let Some(tls) = &tls else {
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service.clone());
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "Connection ended with an error");
+                }
+                drop(permit);
+            });
+            continue;
+        };
+        // The handshake runs in the connection's task, so a slow client never holds up
+        // accepting others; it gets the header read timeout to finish.
+        let (tls, builder, service) = (tls.clone(), builder.clone(), service.clone());
+        let watcher = graceful.watcher();
+        let handshake_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "Connection ended with an error");
+            match tokio::time::timeout(handshake_timeout, tls.accept(io)).await {
+                Ok(Ok(stream)) => {
+                    let conn =
+                        builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                    if let Err(e) = watcher.watch(conn).await {
+                        tracing::debug!(error = %e, "Connection ended with an error");
+                    }
+                }
+                // No secret in a handshake error: it says what the client got wrong.
+                Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!("TLS handshake timed out"),
             }
             drop(permit);
         });

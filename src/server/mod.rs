@@ -31,6 +31,7 @@ mod error;
 pub mod limits;
 pub mod listen;
 mod providers;
+pub mod tls;
 
 pub use error::AppError;
 

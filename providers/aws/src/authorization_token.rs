@@ -34,9 +34,11 @@ impl AwsProvider {
             .authorization_data()
             .iter()
             .find_map(|d| Some((d.authorization_token()?, d.expires_at())));
-        let (password, expires_at) = password_and_expiry(&what, data)?;
-        let credential =
-            Credential::issued(USERNAME, password, expires_at, self.settings.clock.now());
+        let credential = credential_from_authorization_data(
+            &what,
+            data.map(|(t, at)| (t, at.copied())),
+            self.settings.clock.now(),
+        )?;
         tracing::debug!(%account, %region, expires_at = ?credential.expires_at(), "Fetched ECR token");
         Ok(credential)
     }
@@ -53,9 +55,11 @@ impl AwsProvider {
         let data = out
             .authorization_data()
             .and_then(|d| Some((d.authorization_token()?, d.expires_at())));
-        let (password, expires_at) = password_and_expiry(&what, data)?;
-        let credential =
-            Credential::issued(USERNAME, password, expires_at, self.settings.clock.now());
+        let credential = credential_from_authorization_data(
+            &what,
+            data.map(|(t, at)| (t, at.copied())),
+            self.settings.clock.now(),
+        )?;
         tracing::debug!(expires_at = ?credential.expires_at(), "Fetched ECR Public token");
         Ok(credential)
     }
@@ -74,22 +78,26 @@ pub fn decode_token(token: &str) -> Result<SecretString, &'static str> {
     }
 }
 
-/// The password and expiry of an answer's authorization data (`None`: no data with a
-/// token); the error names `what`, never the token.
-fn password_and_expiry(
+/// The credential of an ECR or ECR Public answer's authorization data (its
+/// `authorizationToken` and `expiresAt`, as the SDK parsed them; `None`: no data with a
+/// token) received at `now`: username `AWS`, the decoded password, the expiry capped at
+/// [`regbroker_provider::MAX_LIFETIME`]. The error names `what`, never the token. Both
+/// fetches use it; public for the fuzz targets.
+pub fn credential_from_authorization_data(
     what: &str,
-    data: Option<(&str, Option<&aws_smithy_types::DateTime>)>,
-) -> Result<(SecretString, Option<SystemTime>), Error> {
+    data: Option<(&str, Option<aws_smithy_types::DateTime>)>,
+    now: SystemTime,
+) -> Result<Credential, Error> {
     let (token, at) = data.ok_or_else(|| {
         Error::bad_response(format!("{what}: no authorization data in the answer"))
     })?;
     let password =
         decode_token(token).map_err(|why| Error::bad_response(format!("{what}: {why}")))?;
-    Ok((password, expiry(at)))
+    Ok(Credential::issued(USERNAME, password, expiry(at), now))
 }
 
-fn expiry(at: Option<&aws_smithy_types::DateTime>) -> Option<SystemTime> {
-    at.and_then(|d| SystemTime::try_from(*d).ok())
+fn expiry(at: Option<aws_smithy_types::DateTime>) -> Option<SystemTime> {
+    at.and_then(|d| SystemTime::try_from(d).ok())
 }
 
 #[cfg(test)]

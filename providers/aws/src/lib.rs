@@ -33,7 +33,9 @@ mod provider;
 #[cfg(test)]
 mod test_support;
 
-pub use authorization_token::decode_token;
+pub use authorization_token::{credential_from_authorization_data, decode_token};
+/// The SDK's timestamp type (`expiresAt`), for [`credential_from_authorization_data`].
+pub use aws_smithy_types::DateTime;
 pub use builder::{Builder, CallSettings};
 pub use diagnose::{Detected, detect};
 pub use errors::IDENTITY_SOURCES;

@@ -73,8 +73,52 @@ impl Http {
 #[async_trait::async_trait]
 impl HttpClient for Http {
     async fn execute_request(&self, request: &Request) -> azure_core::Result<AsyncRawResponse> {
-        HttpClient::execute_request(self.for_url(request.url()), request).await
+        let response = HttpClient::execute_request(self.for_url(request.url()), request).await?;
+        if !response.status().is_success() {
+            return Ok(response);
+        }
+        let (status, headers, body) = response.deconstruct();
+        let body = body.collect().await?;
+        Ok(AsyncRawResponse::from_bytes(
+            status,
+            headers,
+            bounded_expires_in(body),
+        ))
     }
+}
+
+/// An identity answer with its numeric `expires_in` (and `ext_expires_in`) clamped to
+/// `0..=`[`regbroker_provider::MAX_LIFETIME`]. azure_identity 1.0 adds `expires_in`
+/// seconds to the current time with a panicking `+` (`handle_entra_response`), so an
+/// Entra ID answer of `"expires_in": 9223372036854775807` would abort the sidecar (found
+/// by the `entra_error` fuzz target); no real token lives longer than the cap anyway.
+/// Anything that is not a JSON object with such a field passes through unchanged.
+pub(crate) fn bounded_expires_in(body: azure_core::Bytes) -> azure_core::Bytes {
+    let max = regbroker_provider::MAX_LIFETIME.as_secs();
+    let Ok(serde_json::Value::Object(mut map)) = serde_json::from_slice(&body) else {
+        return body;
+    };
+    let mut changed = false;
+    for key in ["expires_in", "ext_expires_in"] {
+        if let Some(serde_json::Value::Number(n)) = map.get(key) {
+            let within = n.as_u64().is_some_and(|v| v <= max);
+            if !within {
+                let clamped = if n.as_f64().is_some_and(|f| f > 0.0) {
+                    max
+                } else {
+                    0
+                };
+                map.insert(key.to_string(), serde_json::Value::from(clamped));
+                changed = true;
+            }
+        }
+    }
+    if !changed {
+        return body;
+    }
+    serde_json::to_vec(&map)
+        .map(azure_core::Bytes::from)
+        .unwrap_or(body)
 }
 
 /// Whether `url`'s host is loopback or link-local (IPv4 or IPv6), or `localhost`.
@@ -136,6 +180,26 @@ pub(crate) async fn read_capped(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn absurd_token_lifetimes_are_clamped_before_the_sdk_sees_them() {
+        let max = regbroker_provider::MAX_LIFETIME.as_secs();
+        let read = |b: &str| -> serde_json::Value {
+            serde_json::from_slice(&bounded_expires_in(azure_core::Bytes::from(b.to_string())))
+                .unwrap()
+        };
+        let v =
+            read(r#"{"access_token":"t","expires_in":9223372036854775807,"ext_expires_in":1e300}"#);
+        assert_eq!(v["expires_in"], max);
+        assert_eq!(v["ext_expires_in"], max);
+        assert_eq!(v["access_token"], "t");
+        assert_eq!(read(r#"{"expires_in":-5}"#)["expires_in"], 0);
+        assert_eq!(read(r#"{"expires_in":3599}"#)["expires_in"], 3599);
+        // IMDS writes it as a string: untouched (the SDK reads expires_on there).
+        assert_eq!(read(r#"{"expires_in":"86399"}"#)["expires_in"], "86399");
+        let raw = azure_core::Bytes::from_static(b"not json");
+        assert_eq!(bounded_expires_in(raw.clone()), raw);
+    }
 
     #[test]
     fn loopback_and_link_local_hosts_are_never_proxied() {

@@ -343,6 +343,61 @@ pub(crate) fn token_error(identity: &Identity, scope: &str, err: &azure_core::Er
     e.with_source(cause)
 }
 
+/// The error the provider reports when Entra ID's token endpoint answers HTTP `status`
+/// with `body` (`None` when the SDK takes the answer for a token): a service principal
+/// (`client_id` `regbroker-fuzz`, the secret [`ENTRA_ANSWER_SECRET`]) asks the real
+/// azure_identity credential for a token over a transport that gives exactly that answer
+/// (no retries), and the failure goes through the same [`token_error`] as every real
+/// one. For the fuzz targets and tests: nothing leaves the process.
+pub async fn entra_token_answer(status: u16, body: Vec<u8>) -> Option<Error> {
+    #[derive(Debug)]
+    struct Canned(u16, Vec<u8>);
+    #[async_trait::async_trait]
+    impl azure_core::http::HttpClient for Canned {
+        async fn execute_request(
+            &self,
+            _request: &azure_core::http::Request,
+        ) -> azure_core::Result<azure_core::http::AsyncRawResponse> {
+            // What the provider's own transport ([`crate::http::Http`]) hands the SDK.
+            let status = azure_core::http::StatusCode::from(self.0);
+            let body = azure_core::Bytes::from(self.1.clone());
+            let body = if status.is_success() {
+                crate::http::bounded_expires_in(body)
+            } else {
+                body
+            };
+            Ok(azure_core::http::AsyncRawResponse::from_bytes(
+                status,
+                azure_core::http::headers::Headers::new(),
+                body,
+            ))
+        }
+    }
+    let identity = Identity {
+        kind: Kind::ClientSecret,
+        authority_host: "https://login.microsoftonline.com".to_string(),
+        tenant: Some("regbroker-fuzz-tenant".to_string()),
+        client_id: Some("regbroker-fuzz".to_string()),
+    };
+    let env = Env::from_pairs([(AZURE_CLIENT_SECRET, ENTRA_ANSWER_SECRET)]);
+    let sdk = SdkSettings {
+        transport: Arc::new(Canned(status, body)),
+        retry: RetryOptions::none(),
+    };
+    let scope = "https://containerregistry.azure.net/.default";
+    let credential = match build(&identity, &env, &sdk) {
+        Ok(c) => c,
+        Err(e) => return Some(e),
+    };
+    match credential.get_token(&[scope], None).await {
+        Ok(_) => None,
+        Err(e) => Some(token_error(&identity, scope, &e)),
+    }
+}
+
+/// The client secret [`entra_token_answer`] sends: it must never appear in its error.
+pub const ENTRA_ANSWER_SECRET: &str = "regbroker-fuzz-client-secret-0123456789";
+
 /// An SDK error flattened to its text, so our errors carry no SDK response object
 /// (whose `Debug` could print a body).
 #[derive(Debug)]

@@ -171,6 +171,28 @@ async fn aad_500_then_success() {
     assert_eq!(s.running.fake.aad_calls.load(Ordering::SeqCst), 2);
 }
 
+/// azure_identity 1.0 adds `expires_in` to the clock with a panicking `+`: without the
+/// provider's clamp in its transport, this answer panicked (and aborted a release build).
+/// Found by the `entra_error` fuzz target.
+#[tokio::test]
+async fn an_entra_answer_with_an_absurd_expires_in_is_survived() {
+    let s = scenario(false).await;
+    s.running.fake.script_aad(
+        200,
+        serde_json::json!({
+            "token_type": "Bearer",
+            "access_token": s.running.fake.access_token,
+            "expires_in": i64::MAX,
+            "ext_expires_in": i64::MAX,
+        }),
+    );
+    let cred = fetch(&s).await.expect("credential");
+    assert_eq!(
+        cred.secret().expose_secret(),
+        s.running.fake.refresh_token()
+    );
+}
+
 #[tokio::test]
 async fn aad_500_every_time_is_unavailable() {
     let s = scenario(false).await;

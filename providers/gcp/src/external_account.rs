@@ -23,12 +23,11 @@ use base64::engine::general_purpose::STANDARD;
 use regbroker_provider::{Error, ExposeSecret, SecretString, SharedClock};
 use serde::Deserialize;
 
-use crate::http::{self, HttpSettings, OAuthToken, Upstream};
+use crate::http::{self, HttpSettings, Upstream};
 use crate::service_account::host_of;
 use crate::token::AccessToken;
 use crate::url::{checked_endpoint, checked_subject_token_url};
 
-const DEFAULT_TOKEN_URL: &str = "https://sts.googleapis.com/v1/token";
 const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
 const ACCESS_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:access_token";
 const DEFAULT_IMPERSONATION_LIFETIME: u64 = 3600;
@@ -50,6 +49,8 @@ struct File {
     client_secret: Option<SecretString>,
     #[serde(default)]
     workforce_pool_user_project: Option<String>,
+    #[serde(default)]
+    universe_domain: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -109,6 +110,7 @@ pub(crate) struct ExternalAccount {
     impersonation: Option<(reqwest::Url, u64)>,
     client: Option<(String, SecretString)>,
     workforce_pool_user_project: Option<String>,
+    universe: String,
 }
 
 impl ExternalAccount {
@@ -156,8 +158,14 @@ impl ExternalAccount {
                 )));
             }
         };
+        let universe = match &file.universe_domain {
+            None => crate::universe::DEFAULT_UNIVERSE.to_string(),
+            Some(u) => crate::universe::checked(u, &format!("universe_domain in {what}"))?,
+        };
+        // Without a token_url, the credentials' own universe's STS.
+        let default_url = crate::universe::endpoint("sts", &universe, "/v1/token");
         let token_url = checked_endpoint(
-            file.token_url.as_deref().unwrap_or(DEFAULT_TOKEN_URL),
+            file.token_url.as_deref().unwrap_or(&default_url),
             &format!("token_url in {what}"),
         )?;
         let impersonation = match file.service_account_impersonation_url {
@@ -195,6 +203,7 @@ impl ExternalAccount {
             impersonation,
             client,
             workforce_pool_user_project: file.workforce_pool_user_project,
+            universe,
         })
     }
 
@@ -214,6 +223,11 @@ impl ExternalAccount {
     /// The STS host the subject token is exchanged at.
     pub(crate) fn token_host(&self) -> String {
         host_of(&self.token_url)
+    }
+
+    /// The universe the credentials belong to (`universe_domain`, default Google's).
+    pub(crate) fn universe(&self) -> &str {
+        &self.universe
     }
 
     pub(crate) fn describe(&self) -> String {
@@ -343,8 +357,7 @@ impl ExternalAccount {
             }
         })
         .await?;
-        let token: OAuthToken = http::parse_json(&what, &resp.body)?;
-        AccessToken::from_expires_in(token.access_token, token.expires_in, started).non_empty(&what)
+        crate::answers::oauth_token(&what, &resp.body, started)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -358,12 +371,6 @@ impl ExternalAccount {
         scope: &str,
         started: SystemTime,
     ) -> Result<AccessToken, Error> {
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Generated {
-            access_token: SecretString,
-            expire_time: String,
-        }
         let what = format!(
             "IAM Credentials {} for {}",
             host_of(url),
@@ -380,17 +387,8 @@ impl ExternalAccount {
                 .json(&body)
         })
         .await?;
-        let generated: Generated = http::parse_json(&what, &resp.body)?;
-        let expires_at = humantime::parse_rfc3339(generated.expire_time.trim()).map_err(|_| {
-            Error::bad_response(format!("{what} answered with an unreadable expireTime"))
-        })?;
-        // Never believe a lifetime longer than the one asked for.
-        let expires_at = expires_at.min(started + Duration::from_secs(lifetime));
-        AccessToken {
-            secret: generated.access_token,
-            expires_at,
-        }
-        .non_empty(&what)
+        // Never believes a lifetime longer than the one asked for.
+        crate::answers::generated_token(&what, &resp.body, started, Duration::from_secs(lifetime))
     }
 }
 
@@ -440,6 +438,31 @@ fn sensitive(value: &str) -> reqwest::header::HeaderValue {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_without_token_url_use_their_own_universes_sts() {
+        let file = |universe: Option<&str>| {
+            let mut j = serde_json::json!({
+                "type": "external_account",
+                "audience": "//iam.example/aud",
+                "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+                "credential_source": {"file": "/var/run/token"},
+            });
+            if let Some(u) = universe {
+                j["universe_domain"] = serde_json::json!(u);
+            }
+            j.to_string().into_bytes()
+        };
+        let google = ExternalAccount::from_json(&file(None), "/c").unwrap();
+        assert_eq!(google.universe(), "googleapis.com");
+        assert_eq!(
+            google.token_url.as_str(),
+            "https://sts.googleapis.com/v1/token"
+        );
+        let s3ns = ExternalAccount::from_json(&file(Some("s3nsapis.fr")), "/c").unwrap();
+        assert_eq!(s3ns.universe(), "s3nsapis.fr");
+        assert_eq!(s3ns.token_url.as_str(), "https://sts.s3nsapis.fr/v1/token");
+    }
 
     #[test]
     fn subject_token_url_headers_are_sent_marked_sensitive() {

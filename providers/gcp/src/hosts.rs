@@ -7,7 +7,8 @@
 //! - `<x>.gcr.io`, `x` a single DNS label (`us`, `eu`, `asia`, `marketplace`, `staging-k8s`)
 //! - `<location>-docker.pkg.dev`, `location` a multi-region (`us`, `europe`, `asia`) or a
 //!   region (`europe-west1`, `us-central1`, `northamerica-northeast2`)
-//! - `docker.s3nsregistry.fr` (Artifact Registry in the S3NS sovereign cloud)
+//! - `docker.s3nsregistry.fr` (Artifact Registry in Trusted Cloud by S3NS: another
+//!   universe, see [`crate::universe`]; its hosts never share a token with Google's)
 //!
 //! Anything else, including every name that merely contains one of these (`gcr.io.evil.com`,
 //! `x.europe-west1-docker.pkg.dev`, `gcr.io:443`), is not a Google registry: sending a
@@ -15,7 +16,8 @@
 
 use regbroker_provider::Registry;
 
-/// The family a recognised host belongs to (for logs; every family shares one credential).
+/// The family a recognised host belongs to. Google's families share one credential; S3NS
+/// is another universe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum HostKind {
     /// Container Registry: `gcr.io` and `<x>.gcr.io`.
@@ -33,6 +35,34 @@ impl HostKind {
             HostKind::ArtifactRegistry => "artifact-registry",
             HostKind::S3ns => "s3ns",
         }
+    }
+
+    /// The universe domain whose tokens this registry accepts.
+    pub(crate) fn universe(self) -> &'static str {
+        match self {
+            HostKind::ContainerRegistry | HostKind::ArtifactRegistry => {
+                crate::universe::DEFAULT_UNIVERSE
+            }
+            HostKind::S3ns => crate::universe::S3NS_UNIVERSE,
+        }
+    }
+}
+
+/// The universe a host belongs to by its domain, recognised or not: `*.s3nsregistry.fr`
+/// is S3NS's, `gcr.io`, `*.gcr.io` and `*.pkg.dev` are Google's (an explicit rule may send
+/// such a host, say `u-france-east1-docker.s3nsregistry.fr`, to the provider).
+pub(crate) fn domain_universe(registry: &Registry) -> Option<&'static str> {
+    if let Some(kind) = classify(registry) {
+        return Some(kind.universe());
+    }
+    let host = registry.host();
+    let under = |suffix: &str| host == suffix || host.ends_with(&format!(".{suffix}"));
+    if under("s3nsregistry.fr") {
+        Some(crate::universe::S3NS_UNIVERSE)
+    } else if under("gcr.io") || under("pkg.dev") {
+        Some(crate::universe::DEFAULT_UNIVERSE)
+    } else {
+        None
     }
 }
 

@@ -111,6 +111,28 @@ pub(crate) async fn send(
     what: &str,
     build: impl Fn() -> reqwest::RequestBuilder,
 ) -> Result<Success, Error> {
+    send_inner(settings, upstream, what, build, false)
+        .await?
+        .ok_or_else(|| Error::bad_response(format!("{what} answered HTTP 404")))
+}
+
+/// As [`send`], but a 404 is `Ok(None)` (an endpoint an older server lacks).
+pub(crate) async fn send_optional(
+    settings: &HttpSettings,
+    upstream: Upstream,
+    what: &str,
+    build: impl Fn() -> reqwest::RequestBuilder,
+) -> Result<Option<Success>, Error> {
+    send_inner(settings, upstream, what, build, true).await
+}
+
+async fn send_inner(
+    settings: &HttpSettings,
+    upstream: Upstream,
+    what: &str,
+    build: impl Fn() -> reqwest::RequestBuilder,
+    absent_ok: bool,
+) -> Result<Option<Success>, Error> {
     let attempts = settings.attempts.max(1);
     let mut delay = settings.backoff;
     let mut attempt = 1;
@@ -126,13 +148,14 @@ pub(crate) async fn send(
                     }
                     // An error body over the cap is not read; the status still counts.
                     Err(TooLarge) => Failure::Status(status, Vec::new()),
+                    Ok(Ok(_)) if status == 404 && absent_ok => return Ok(None),
                     Ok(Ok(body)) if (200..300).contains(&status) => {
                         tracing::debug!(
                             upstream = upstream.as_str(),
                             status,
                             "Token call answered"
                         );
-                        return Ok(Success { body });
+                        return Ok(Some(Success { body }));
                     }
                     Ok(Ok(body)) => Failure::Status(status, body.to_vec()),
                     Ok(Err(e)) if e.is_timeout() => Failure::Timeout(e),

@@ -118,6 +118,16 @@ impl Identity {
         }
     }
 
+    /// The universe domain the identity belongs to (see [`crate::universe`]). For the
+    /// metadata server this asks it, once.
+    pub(crate) async fn universe(&self, settings: &HttpSettings) -> Result<&str, Error> {
+        match &self.source {
+            Source::Metadata(m) => m.universe(settings).await,
+            Source::ServiceAccount(s) => Ok(s.universe()),
+            Source::ExternalAccount(e) => Ok(e.universe()),
+        }
+    }
+
     /// A fresh access token for `scope`.
     pub(crate) async fn token(
         &self,

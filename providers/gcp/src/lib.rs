@@ -1,5 +1,6 @@
 //! regbroker provider for Google Artifact Registry (`<location>-docker.pkg.dev`), Container
-//! Registry (`gcr.io`, `<x>.gcr.io`) and Artifact Registry in S3NS (`docker.s3nsregistry.fr`).
+//! Registry (`gcr.io`, `<x>.gcr.io`) and Artifact Registry in Trusted Cloud by S3NS
+//! (`docker.s3nsregistry.fr`).
 //!
 //! Env vars read (lazily, on the first fetch, never at construction):
 //! - `GOOGLE_APPLICATION_CREDENTIALS`: a `service_account` key or an `external_account`
@@ -9,11 +10,13 @@
 //!   metadata server or loopback / link-local endpoints).
 //!
 //! The credential is username `oauth2accesstoken` and password an OAuth 2.0 access token
-//! for the scope `https://www.googleapis.com/auth/cloud-platform`, valid for every Google
-//! registry host, so every recognised host gets the same cache scope
-//! ([`CACHE_SCOPE`]): one token serves `gcr.io`, `eu.gcr.io` and every
-//! `*-docker.pkg.dev`. Its expiry is the token's own (`expires_in`, or `expireTime` when
-//! impersonating).
+//! for the scope `https://www.googleapis.com/auth/cloud-platform`, valid for every
+//! registry of the identity's universe ([`universe`]): Google's hosts share one cache scope
+//! ([`CACHE_SCOPE`]), so one token serves `gcr.io`, `eu.gcr.io` and every
+//! `*-docker.pkg.dev`; S3NS's (`s3nsapis.fr`) have a scope of their own. A token is only
+//! ever sent to a registry of the universe that minted it: an identity of one universe
+//! asked for a registry of another answers "not configured" without calling anything.
+//! Its expiry is the token's own (`expires_in`, or `expireTime` when impersonating).
 //!
 //! See README.md for the IAM roles, GKE Workload Identity setup and the library choice.
 
@@ -21,6 +24,7 @@
 #![warn(missing_docs)]
 
 mod diagnose;
+pub mod answers;
 mod external_account;
 mod hosts;
 mod http;
@@ -28,6 +32,7 @@ mod identity;
 mod metadata;
 mod service_account;
 mod token;
+pub mod universe;
 mod url;
 
 use std::collections::BTreeMap;
@@ -53,13 +58,27 @@ pub const USERNAME: &str = "oauth2accesstoken";
 /// The OAuth 2.0 scope requested for service-account and external_account tokens.
 pub const OAUTH_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
 
-/// The cache scope of every target: one credential per process identity serves every
-/// Google registry host.
+/// The cache scope of every target in Google's universe: one credential per process
+/// identity serves every Google registry host. Other universes: [`cache_scope`].
 pub const CACHE_SCOPE: &str = "application-default";
 
-/// Rule options this provider accepts: none. The identity comes from the environment, and
-/// the token is the same for every Google registry, so a rule has nothing to choose.
-pub const KNOWN_OPTIONS: &[&str] = &[];
+/// The cache scope of targets in `universe`: [`CACHE_SCOPE`] for Google's, else
+/// `application-default@<universe>`, so no two universes ever share a cached token.
+pub fn cache_scope(universe: &str) -> String {
+    if universe == universe::DEFAULT_UNIVERSE {
+        CACHE_SCOPE.to_string()
+    } else {
+        format!("{CACHE_SCOPE}@{universe}")
+    }
+}
+
+/// Rule options this provider accepts: `universe_domain`, the universe of a host the
+/// provider does not know (default: the host's own, by its domain, else
+/// `googleapis.com`). The identity comes from the environment.
+pub const KNOWN_OPTIONS: &[&str] = &["universe_domain"];
+
+/// The target parameter naming the universe whose token a target may receive.
+const UNIVERSE_PARAM: &str = "universe_domain";
 
 /// The Google Artifact Registry and Container Registry provider.
 pub struct GcpProvider {
@@ -96,6 +115,19 @@ impl GcpProvider {
             .identity
             .get_or_try_init(|| Identity::load(&self.env, &self.http))
             .await?;
+        // The token goes to the registry only if both are of one universe: checked before
+        // any token call, so a mismatch never even mints one.
+        let wanted = target
+            .param(UNIVERSE_PARAM)
+            .unwrap_or(universe::DEFAULT_UNIVERSE);
+        let have = identity.universe(&self.http).await?;
+        if have != wanted {
+            return Err(Error::not_configured(format!(
+                "{} belongs to the universe {wanted}, and the GCP identity ({}) to {have}: its token is never sent to another universe's registry",
+                target.registry(),
+                identity.describe()
+            )));
+        }
         let token = identity.token(&self.http, &self.clock, OAUTH_SCOPE).await?;
         tracing::debug!(
             registry = %target.registry(),
@@ -165,17 +197,34 @@ impl Provider for GcpProvider {
 
     fn recognise(&self, registry: &Registry) -> Option<Target> {
         let kind = hosts::classify(registry)?;
-        Some(Target::new(registry.clone(), CACHE_SCOPE).with_param("host_kind", kind.as_str()))
+        Some(target_in(registry, kind.as_str(), kind.universe()))
     }
 
     fn check_options(&self, options: &Options) -> Result<(), String> {
-        check_known_options("gcp", options, KNOWN_OPTIONS)
+        check_known_options("gcp", options, KNOWN_OPTIONS)?;
+        if let Some(u) = options.get(UNIVERSE_PARAM) {
+            universe::checked(u, "option `universe_domain`")
+                .map_err(|e| e.message().to_string())?;
+        }
+        Ok(())
     }
 
     fn target(&self, registry: &Registry, options: &Options) -> Result<Target, Error> {
         self.check_options(options).map_err(Error::invalid_config)?;
         let kind = hosts::classify(registry).map_or("custom", |k| k.as_str());
-        Ok(Target::new(registry.clone(), CACHE_SCOPE).with_param("host_kind", kind))
+        let by_domain = hosts::domain_universe(registry);
+        let chosen = options.get(UNIVERSE_PARAM).and_then(|u| universe::parse(u));
+        let universe = match (chosen, by_domain) {
+            (Some(c), Some(d)) if c != d => {
+                return Err(Error::invalid_config(format!(
+                    "{registry} is a registry of the universe {d}; option `universe_domain` says {c}"
+                )));
+            }
+            (Some(c), _) => c,
+            (None, Some(d)) => d.to_string(),
+            (None, None) => universe::DEFAULT_UNIVERSE.to_string(),
+        };
+        Ok(target_in(registry, kind, &universe))
     }
 
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
@@ -202,12 +251,50 @@ impl Provider for GcpProvider {
     }
 }
 
+fn target_in(registry: &Registry, kind: &str, universe: &str) -> Target {
+    Target::new(registry.clone(), cache_scope(universe))
+        .with_param("host_kind", kind)
+        .with_param(UNIVERSE_PARAM, universe)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn reg(s: &str) -> Registry {
         Registry::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn s3ns_never_shares_a_cache_scope_with_google() {
+        let p = GcpProvider::builder().env([("X", "Y")]).build();
+        let s3ns = p.recognise(&reg("docker.s3nsregistry.fr")).unwrap();
+        assert_eq!(s3ns.scope(), "application-default@s3nsapis.fr");
+        assert_eq!(s3ns.param("universe_domain"), Some("s3nsapis.fr"));
+        assert_ne!(s3ns.scope(), CACHE_SCOPE);
+        // An explicit rule to another S3NS host lands in S3NS's scope by its domain...
+        let regional = p
+            .target(
+                &reg("u-france-east1-docker.s3nsregistry.fr"),
+                &Options::new(),
+            )
+            .unwrap();
+        assert_eq!(regional.scope(), s3ns.scope());
+        // ... and a rule cannot move a known host into the other universe.
+        let mut o = Options::new();
+        o.insert("universe_domain".into(), "googleapis.com".into());
+        let e = p.target(&reg("docker.s3nsregistry.fr"), &o).err().unwrap();
+        assert_eq!(e.kind(), regbroker_provider::ErrorKind::InvalidConfig);
+        // A custom domain is Google's unless the rule says otherwise.
+        let custom = p
+            .target(&reg("images.example.com"), &Options::new())
+            .unwrap();
+        assert_eq!(custom.scope(), CACHE_SCOPE);
+        o.insert("universe_domain".into(), "s3nsapis.fr".into());
+        let custom = p.target(&reg("images.example.com"), &o).unwrap();
+        assert_eq!(custom.scope(), s3ns.scope());
+        o.insert("universe_domain".into(), "not a domain".into());
+        assert!(p.check_options(&o).is_err());
     }
 
     #[test]
@@ -218,7 +305,6 @@ mod tests {
             "eu.gcr.io",
             "europe-west1-docker.pkg.dev",
             "us-docker.pkg.dev",
-            "docker.s3nsregistry.fr",
         ]
         .iter()
         .map(|h| {
@@ -241,6 +327,8 @@ mod tests {
         let p = GcpProvider::from_env();
         assert!(p.check_options(&Options::new()).is_ok());
         let mut o = Options::new();
+        o.insert("universe_domain".into(), "s3nsapis.fr".into());
+        assert!(p.check_options(&o).is_ok());
         o.insert("project".into(), "p".into());
         let e = p.check_options(&o).err().unwrap_or_default();
         assert!(e.contains("`project`"), "{e}");

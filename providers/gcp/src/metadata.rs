@@ -13,19 +13,24 @@ use std::time::SystemTime;
 
 use regbroker_provider::{Error, SharedClock};
 
-use crate::http::{self, HttpSettings, OAuthToken, Upstream};
+use tokio::sync::OnceCell;
+
+use crate::http::{self, HttpSettings, Upstream};
 use crate::token::AccessToken;
 
 /// The default metadata server address.
 pub const DEFAULT_METADATA_HOST: &str = "169.254.169.254";
 const TOKEN_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
 const ACCOUNT_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default";
+/// The universe this server's identities belong to (absent on older servers: Google's).
+const UNIVERSE_PATH: &str = "/computeMetadata/v1/universe/universe-domain";
 
 /// A metadata-server identity.
 #[derive(Debug)]
 pub(crate) struct Metadata {
     host: String,
     client: reqwest::Client,
+    universe: OnceCell<String>,
 }
 
 impl Metadata {
@@ -42,7 +47,11 @@ impl Metadata {
         // The metadata server is link-local: a proxy would at best not reach it and at
         // worst receive the token.
         let client = http::client(settings, false)?;
-        Ok(Metadata { host, client })
+        Ok(Metadata {
+            host,
+            client,
+            universe: OnceCell::new(),
+        })
     }
 
     /// The metadata server's address.
@@ -91,11 +100,25 @@ impl Metadata {
             self.client.get(&url).header("Metadata-Flavor", "Google")
         })
         .await?;
-        let token: OAuthToken = http::parse_json(&what, &resp.body)?;
-        Ok(AccessToken::from_expires_in(
-            token.access_token,
-            token.expires_in,
-            started,
-        ))
+        crate::answers::oauth_token(&what, &resp.body, started)
+    }
+
+    /// The universe domain of this server's identities, asked once.
+    pub(crate) async fn universe(&self, settings: &HttpSettings) -> Result<&str, Error> {
+        self.universe
+            .get_or_try_init(|| async {
+                let url = format!("http://{}{}", self.host, UNIVERSE_PATH);
+                let what = self.describe();
+                let resp = http::send_optional(settings, Upstream::Metadata, &what, || {
+                    self.client.get(&url).header("Metadata-Flavor", "Google")
+                })
+                .await?;
+                match resp {
+                    None => Ok(crate::universe::DEFAULT_UNIVERSE.to_string()),
+                    Some(r) => crate::answers::universe_domain(&what, &r.body),
+                }
+            })
+            .await
+            .map(String::as_str)
     }
 }

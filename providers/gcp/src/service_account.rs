@@ -19,11 +19,10 @@ use regbroker_provider::{Error, ExposeSecret, SecretString, SharedClock};
 use secrecy::zeroize::Zeroize;
 use serde::Deserialize;
 
-use crate::http::{self, HttpSettings, OAuthToken, Upstream};
+use crate::http::{self, HttpSettings, Upstream};
 use crate::token::AccessToken;
 use crate::url::checked_endpoint;
 
-const DEFAULT_TOKEN_URI: &str = "https://oauth2.googleapis.com/token";
 const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 /// Lifetime of the signed assertion (Google accepts at most one hour).
 const ASSERTION_TTL: Duration = Duration::from_secs(3600);
@@ -36,6 +35,8 @@ struct KeyFile {
     private_key_id: Option<String>,
     #[serde(default)]
     token_uri: Option<String>,
+    #[serde(default)]
+    universe_domain: Option<String>,
 }
 
 /// A loaded service-account key.
@@ -44,6 +45,7 @@ pub(crate) struct ServiceAccount {
     key_id: Option<String>,
     key: RsaKeyPair,
     token_uri: reqwest::Url,
+    universe: String,
 }
 
 impl fmt::Debug for ServiceAccount {
@@ -80,8 +82,17 @@ impl ServiceAccount {
                 ))
                 .with_source(std::io::Error::other(e.to_string()))
             })?;
+        let universe = match &file.universe_domain {
+            None => crate::universe::DEFAULT_UNIVERSE.to_string(),
+            Some(u) => crate::universe::checked(
+                u,
+                &format!("universe_domain in service-account key {path}"),
+            )?,
+        };
+        // Without a token_uri, the key's own universe's token service.
+        let default_uri = crate::universe::endpoint("oauth2", &universe, "/token");
         let token_uri = checked_endpoint(
-            file.token_uri.as_deref().unwrap_or(DEFAULT_TOKEN_URI),
+            file.token_uri.as_deref().unwrap_or(&default_uri),
             &format!("token_uri in service-account key {path}"),
         )?;
         Ok(ServiceAccount {
@@ -89,11 +100,17 @@ impl ServiceAccount {
             key_id: file.private_key_id,
             key,
             token_uri,
+            universe,
         })
     }
 
     pub(crate) fn describe(&self) -> String {
         format!("service account {}", self.client_email)
+    }
+
+    /// The universe the key belongs to (`universe_domain`, default Google's).
+    pub(crate) fn universe(&self) -> &str {
+        &self.universe
     }
 
     pub(crate) async fn token(
@@ -117,8 +134,7 @@ impl ServiceAccount {
             ])
         })
         .await?;
-        let token: OAuthToken = http::parse_json(&what, &resp.body)?;
-        AccessToken::from_expires_in(token.access_token, token.expires_in, now).non_empty(&what)
+        crate::answers::oauth_token(&what, &resp.body, now)
     }
 
     /// The signed JWT: `base64url(header).base64url(claims).base64url(RS256 signature)`.
@@ -215,6 +231,50 @@ mod tests {
             .unwrap_or_else(|| panic!("accepted"));
         assert_eq!(e.0, regbroker_provider::ErrorKind::InvalidConfig);
         assert!(!e.1.contains("c2VjcmV0"), "{}", e.1);
+    }
+
+    fn key_json(extra: serde_json::Value) -> Vec<u8> {
+        use aws_lc_rs::encoding::AsDer;
+        let key = aws_lc_rs::rsa::KeyPair::generate(aws_lc_rs::rsa::KeySize::Rsa2048).unwrap();
+        let der = AsDer::<aws_lc_rs::encoding::Pkcs8V1Der>::as_der(&key).unwrap();
+        let pem = format!(
+            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+            STANDARD.encode(der.as_ref())
+        );
+        let mut json = serde_json::json!({
+            "type": "service_account",
+            "client_email": "a@b.iam.gserviceaccount.com",
+            "private_key": pem,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            json[k] = v.clone();
+        }
+        json.to_string().into_bytes()
+    }
+
+    #[test]
+    fn a_key_without_token_uri_uses_its_own_universes_token_service() {
+        let google = ServiceAccount::from_json(&key_json(serde_json::json!({})), "/k").unwrap();
+        assert_eq!(google.universe(), "googleapis.com");
+        assert_eq!(
+            google.token_uri.as_str(),
+            "https://oauth2.googleapis.com/token"
+        );
+        let s3ns = ServiceAccount::from_json(
+            &key_json(serde_json::json!({"universe_domain": "s3nsapis.fr"})),
+            "/k",
+        )
+        .unwrap();
+        assert_eq!(s3ns.universe(), "s3nsapis.fr");
+        assert_eq!(s3ns.token_uri.as_str(), "https://oauth2.s3nsapis.fr/token");
+        let bad = ServiceAccount::from_json(
+            &key_json(serde_json::json!({"universe_domain": "x/y"})),
+            "/k",
+        );
+        assert_eq!(
+            bad.err().map(|e| e.kind()),
+            Some(regbroker_provider::ErrorKind::InvalidConfig)
+        );
     }
 
     #[test]

@@ -96,6 +96,26 @@ async fn metadata_token_from_gcplocal() {
     );
 }
 
+/// gcplocal is Google's universe (it has no universe-domain path, as older metadata
+/// servers): its token serves Google's registries and never an S3NS one.
+#[tokio::test]
+#[ignore = "needs gcplocal: run scripts/test.sh"]
+async fn gcplocal_token_never_reaches_an_s3ns_registry() {
+    let g = start().await;
+    let clock = ManualClock::fixed();
+    let p = provider(&[("GCE_METADATA_HOST", g.addr.as_str())], &clock);
+    let cred = fetch(&p, "gcr.io").await.unwrap();
+    assert_eq!(cred.secret().expose_secret(), MOCK_TOKEN);
+    let e = fetch(&p, "docker.s3nsregistry.fr").await.unwrap_err();
+    assert_eq!(
+        e.kind(),
+        regbroker_provider::ErrorKind::NotConfigured,
+        "{}",
+        e.chain()
+    );
+    assert!(!e.chain().contains(MOCK_TOKEN), "{}", e.chain());
+}
+
 #[tokio::test]
 #[ignore = "needs gcplocal: run scripts/test.sh"]
 async fn service_account_key_exchanged_at_gcplocal_token_endpoint() {

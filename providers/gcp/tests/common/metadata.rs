@@ -17,6 +17,8 @@ use super::{Fake, Seen};
 
 /// The token path of the default service account.
 pub const MDS_PATH: &str = "/computeMetadata/v1/instance/service-accounts/default/token";
+/// The universe-domain path (absent on older servers and on gcplocal: a 404).
+pub const UNIVERSE_PATH: &str = "/computeMetadata/v1/universe/universe-domain";
 
 /// What the fake saw, and how it answers.
 #[derive(Clone, Default)]
@@ -28,6 +30,34 @@ pub struct Mds {
     pub issued: Arc<AtomicUsize>,
     pub omit_expires_in: bool,
     pub delay: Option<Duration>,
+    /// Answer the universe-domain path with this (else 404, as Google's older servers).
+    pub universe: Option<String>,
+    /// Tokens are `<prefix>-<n>` (default `ya29.mds`).
+    pub token_prefix: Option<String>,
+    /// Universe-domain requests seen.
+    pub universe_seen: Seen,
+}
+
+impl Mds {
+    /// A metadata server of the universe `universe`, whose tokens start with `prefix`.
+    pub fn of_universe(universe: &str, prefix: &str) -> Mds {
+        Mds {
+            universe: Some(universe.to_string()),
+            token_prefix: Some(prefix.to_string()),
+            ..Mds::default()
+        }
+    }
+}
+
+async fn mds_universe(State(s): State<Mds>, headers: HeaderMap) -> Response {
+    s.universe_seen.push(&headers, "");
+    if headers.get("metadata-flavor").and_then(|v| v.to_str().ok()) != Some("Google") {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    match &s.universe {
+        Some(u) => u.clone().into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 impl Mds {
@@ -63,7 +93,8 @@ async fn mds_token(State(s): State<Mds>, headers: HeaderMap) -> Response {
         return (status, "metadata trouble").into_response();
     }
     let n = s.issued.fetch_add(1, Ordering::SeqCst) + 1;
-    let mut body = json!({"access_token": format!("ya29.mds-{n}"), "token_type": "Bearer"});
+    let prefix = s.token_prefix.as_deref().unwrap_or("ya29.mds");
+    let mut body = json!({"access_token": format!("{prefix}-{n}"), "token_type": "Bearer"});
     if !s.omit_expires_in {
         body["expires_in"] = json!(3599);
     }
@@ -75,6 +106,7 @@ pub async fn start_mds(state: Mds) -> Fake {
     Fake::start(
         Router::new()
             .route(MDS_PATH, get(mds_token))
+            .route(UNIVERSE_PATH, get(mds_universe))
             .with_state(state),
     )
     .await
