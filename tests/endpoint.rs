@@ -170,7 +170,11 @@ async fn malformed_requests_are_400_without_upstream_work() {
     assert_eq!(status, 200, "{body}");
     let long = format!("?registry={}", "a".repeat(5000));
     assert_eq!(srv.get(&format!("/v1/credentials{long}")).await.0, 400);
-    assert_eq!(srv.fake.calls(), 1, "only the well-formed reference went upstream");
+    assert_eq!(
+        srv.fake.calls(),
+        1,
+        "only the well-formed reference went upstream"
+    );
 }
 
 #[tokio::test]

@@ -23,8 +23,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod diagnose;
 pub mod answers;
+mod diagnose;
 mod external_account;
 mod hosts;
 mod http;
