@@ -898,15 +898,10 @@ mod tests {
             c.secret().expose_secret().to_string()
         }
 
-        /// Lets spawned tasks run without moving tokio's clock.
-        async fn settle() {
-            for _ in 0..50 {
-                tokio::task::yield_now().await;
-            }
-        }
-
-        #[tokio::test(start_paused = true)]
-        async fn past_the_refresh_point_requests_are_answered_at_once_while_the_refresh_hangs() {
+        /// A cache holding key `a`'s one-hour credential `old` (one call so far), its
+        /// clock moved past the refresh point (0.8 of (1 h - 30 s) = 2856 s) but not the
+        /// stale point (3570 s).
+        async fn due_for_refresh() -> (Cache, ManualClock, Arc<AtomicUsize>, Key) {
             let (cache, clock) = cache(Config::default());
             let calls = Arc::new(AtomicUsize::new(0));
             let k = key("a");
@@ -918,8 +913,20 @@ mod tests {
                 )
                 .await
                 .unwrap();
-            // 0.8 of (1 h - 30 s) = 2856 s: past the refresh point, before the stale one.
             clock.advance(Duration::from_secs(2900));
+            (cache, clock, calls, k)
+        }
+
+        /// Lets spawned tasks run without moving tokio's clock.
+        async fn settle() {
+            for _ in 0..50 {
+                tokio::task::yield_now().await;
+            }
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn past_the_refresh_point_requests_are_answered_at_once_while_the_refresh_hangs() {
+            let (cache, clock, calls, k) = due_for_refresh().await;
             let started = Instant::now();
             for _ in 0..10 {
                 let (c, outcome) = cache
@@ -945,18 +952,7 @@ mod tests {
         #[tokio::test(start_paused = true)]
         async fn a_failed_background_refresh_serves_the_cached_credential_until_stale_then_the_error()
          {
-            let (cache, clock) = cache(Config::default());
-            let calls = Arc::new(AtomicUsize::new(0));
-            let k = key("a");
-            cache
-                .get_or_fetch(
-                    &k,
-                    Need::Servable,
-                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
-                )
-                .await
-                .unwrap();
-            clock.advance(Duration::from_secs(2900));
+            let (cache, clock, calls, k) = due_for_refresh().await;
             let (c, outcome) = cache
                 .get_or_fetch(&k, Need::Servable, failing(&calls))
                 .await
@@ -986,18 +982,7 @@ mod tests {
 
         #[tokio::test(start_paused = true)]
         async fn a_healed_refresh_replaces_the_credential_without_a_request_waiting() {
-            let (cache, clock) = cache(Config::default());
-            let calls = Arc::new(AtomicUsize::new(0));
-            let k = key("a");
-            cache
-                .get_or_fetch(
-                    &k,
-                    Need::Servable,
-                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
-                )
-                .await
-                .unwrap();
-            clock.advance(Duration::from_secs(2900));
+            let (cache, clock, calls, k) = due_for_refresh().await;
             let started = Instant::now();
             let (c, _) = cache
                 .get_or_fetch(
@@ -1022,18 +1007,7 @@ mod tests {
 
         #[tokio::test(start_paused = true)]
         async fn a_fresh_caller_waits_for_the_due_refresh_and_joins_the_background_one() {
-            let (cache, clock) = cache(Config::default());
-            let calls = Arc::new(AtomicUsize::new(0));
-            let k = key("a");
-            cache
-                .get_or_fetch(
-                    &k,
-                    Need::Servable,
-                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
-                )
-                .await
-                .unwrap();
-            clock.advance(Duration::from_secs(2900));
+            let (cache, clock, calls, k) = due_for_refresh().await;
             // A request starts the background refresh; the sink then waits for that one.
             cache
                 .get_or_fetch(
