@@ -107,6 +107,9 @@ pub struct Settings {
     pub cache_dir: Option<PathBuf>,
     /// Bearer token file for the sidecar (`REGBROKER_AUTH_TOKEN_FILE`).
     pub auth_token_file: Option<PathBuf>,
+    /// Allow an `http://` sidecar that is not on loopback (`REGBROKER_INSECURE_ENDPOINT=1`):
+    /// the bearer token and the credentials then cross the network in cleartext.
+    pub insecure_endpoint: bool,
     /// CA certificates for an `https://` sidecar (`REGBROKER_CA_FILE`).
     pub ca_file: Option<PathBuf>,
 }
@@ -133,8 +136,24 @@ impl Settings {
             cache_dir: nonempty(crate::oneshot::disk_cache::ENV).map(PathBuf::from),
             auth_token_file: nonempty("REGBROKER_AUTH_TOKEN_FILE").map(PathBuf::from),
             ca_file: nonempty(CA_FILE_ENV).map(PathBuf::from),
+            insecure_endpoint: nonempty(INSECURE_ENDPOINT_ENV).is_some_and(|v| v == "1"),
         })
     }
+}
+
+/// Env var that allows a cleartext `http://` sidecar off loopback.
+pub const INSECURE_ENDPOINT_ENV: &str = "REGBROKER_INSECURE_ENDPOINT";
+
+/// Whether `authority` (`host:port`) names this machine: `localhost`, 127.0.0.0/8 or `[::1]`.
+fn is_loopback_authority(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 impl Backend {
@@ -145,6 +164,14 @@ impl Backend {
                 Some(p) => Some(crate::server::access::read_token_file(p)?),
                 None => None,
             };
+            if let Endpoint::Http(authority) = e
+                && !is_loopback_authority(authority)
+                && !settings.insecure_endpoint
+            {
+                return Err(format!(
+                    "{ENDPOINT_ENV} is http:// to {authority}, which is not loopback: the bearer token and every credential would cross the network in cleartext. Use https:// with {CA_FILE_ENV}, or set {INSECURE_ENDPOINT_ENV}=1 if the network is already encrypted (a service mesh)"
+                ));
+            }
             let tls = match (e, &settings.ca_file) {
                 (Endpoint::Https(_), Some(ca)) => Some(Arc::new(client_tls(ca)?)),
                 (Endpoint::Https(_), None) => {
@@ -424,6 +451,47 @@ mod tests {
         ] {
             assert!(bad.parse::<Endpoint>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_cleartext_sidecar_off_loopback_is_refused_unless_allowed() {
+        for local in [
+            "http://127.0.0.1:8477",
+            "http://127.9.9.9:1",
+            "http://[::1]:8477",
+            "http://localhost:8477",
+        ] {
+            let settings = Settings {
+                endpoint: Some(local.parse().unwrap()),
+                ..Settings::default()
+            };
+            assert!(Backend::new(&settings).is_ok(), "{local}");
+        }
+        for remote in [
+            "http://10.0.0.7:8477",
+            "http://regbroker.flux-system.svc:8477",
+            "http://[2001:db8::1]:8477",
+            "http://127.0.0.1.example.com:80",
+        ] {
+            let mut settings = Settings {
+                endpoint: Some(remote.parse().unwrap()),
+                ..Settings::default()
+            };
+            let err = Backend::new(&settings).unwrap_err();
+            assert!(
+                err.contains("cleartext") && err.contains(INSECURE_ENDPOINT_ENV),
+                "{err}"
+            );
+            settings.insecure_endpoint = true;
+            assert!(Backend::new(&settings).is_ok(), "{remote} with the opt-in");
+        }
+        let from_env = Settings::from_env(|k| match k {
+            "REGBROKER_ENDPOINT" => Some("http://10.0.0.7:8477".into()),
+            "REGBROKER_INSECURE_ENDPOINT" => Some("1".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert!(from_env.insecure_endpoint);
     }
 
     #[test]
