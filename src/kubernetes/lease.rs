@@ -559,7 +559,21 @@ impl Elector {
             renew_time: Some(wall),
             transitions: o.record.transitions,
         };
-        match self.store.update(&released, &o.resource_version).await {
+        let mut result = self.store.update(&released, &o.resource_version).await;
+        if matches!(result, Err(StoreError::Conflict)) {
+            // Our last renewal may have landed after its call timed out here, leaving the
+            // version we hold stale: read again, and release only if we still hold it.
+            match self.store.get().await {
+                Ok(Some(current)) if current.record.holder == self.config.identity => {
+                    result = self
+                        .store
+                        .update(&released, &current.resource_version)
+                        .await;
+                }
+                _ => {}
+            }
+        }
+        match result {
             Ok(o) => {
                 self.observed = Some(o);
                 tracing::info!(lease = %self.config.name, "Released the Lease");
@@ -1005,6 +1019,26 @@ mod tests {
         assert!(b_lead.may_write());
         assert!(store.record().holder == "b");
         b.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn release_works_when_our_last_renewal_landed_unseen() {
+        // A renewal whose call timed out here may still have been applied: the version
+        // we hold is then stale. Release reads again and still hands the Lease over.
+        let store = Arc::new(FakeStore::default());
+        let clock = ManualClock::fixed();
+        let mut a = elector("a", &store, &clock);
+        assert_eq!(a.try_acquire_or_renew(Instant::now()).await, Round::Held);
+        let mut landed = store.record();
+        landed.renew_time = Some(clock.now() + secs(1));
+        store.put(landed);
+        assert!(a.release().await, "released despite the stale version");
+        assert_eq!(store.record().holder, "");
+        // And a replica that no longer holds it never releases another's Lease.
+        let mut b = elector("b", &store, &clock);
+        assert_eq!(b.try_acquire_or_renew(Instant::now()).await, Round::Held);
+        assert!(!a.release().await);
+        assert_eq!(store.record().holder, "b");
     }
 
     #[test]
