@@ -9,8 +9,7 @@
 # Other arguments pass through to `cargo mutants`. Results land in mutants.out/
 # (caught.txt, missed.txt, timeout.txt, unviable.txt, outcomes.json); record them in
 # TESTING.md. Builds go to their own target directory (REGBROKER_MUTANTS_TARGET, default
-# target/mutants) so that dependencies are built once and reused across runs, and a
-# mutation run never contends for the lock of the everyday build directory.
+# target/mutants) so that dependencies are built once and reused across runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,9 +44,12 @@ while [ $# -gt 0 ]; do
   esac
 done
 
+# A build directory that already holds the dependencies (CARGO_BUILD_BUILD_DIR, as on
+# the shared development machines) is reused: then only the workspace's own crates are
+# rebuilt for the mutated copy. Otherwise everything builds once into target/mutants.
 export CARGO_TARGET_DIR="${REGBROKER_MUTANTS_TARGET:-$PWD/target/mutants}"
-unset CARGO_BUILD_BUILD_DIR
-export CARGO_INCREMENTAL=0 CARGO_PROFILE_DEV_DEBUG=0 CARGO_PROFILE_TEST_DEBUG=0
+# Profile settings (CARGO_PROFILE_*_DEBUG and the like) are left as the caller has them:
+# a different value would rebuild every dependency in a shared build directory.
 export CARGO_TERM_COLOR=never
 started=$SECONDS
 status=0

@@ -109,8 +109,11 @@ async fn an_unchanged_docker_config_file_is_not_rewritten() {
         extra: vec![],
     };
     let mut sink = Sink::start(srv.broker.clone(), config).await.unwrap();
-    // Every write is a new file renamed into place: a new inode.
-    let written = inode(&path);
+    // Every write is a new file renamed into place: a new inode. A hard link keeps the
+    // written one alive, so its inode number cannot be reused by a rewrite.
+    let seen = dir.path().join("seen");
+    std::fs::hard_link(&path, &seen).unwrap();
+    let written = inode(&seen);
     sink.refresh().await;
     sink.refresh().await;
     assert_eq!(inode(&path), written, "rewritten although nothing changed");
@@ -144,7 +147,7 @@ async fn the_next_pass_is_due_at_the_earliest_refresh_point_not_the_stale_point(
         path: dir.path().join("config.json"),
         extra: vec![],
     };
-    let mut sink = Sink::start(srv.broker.clone(), config).await.unwrap();
+    let sink = Sink::start(srv.broker.clone(), config).await.unwrap();
     assert_eq!(sink.next_pass_in(), Duration::from_secs(56));
     assert_eq!(srv.fake.calls(), 1);
 }
