@@ -53,7 +53,7 @@ export CARGO_TARGET_DIR="${REGBROKER_MUTANTS_TARGET:-$PWD/target/mutants}"
 export CARGO_TERM_COLOR=never
 started=$SECONDS
 status=0
-cargo mutants --jobs 1 "${args[@]}" || status=$?
+cargo mutants --workspace --jobs 1 "${args[@]}" || status=$?
 echo "cargo mutants exited $status after $((SECONDS - started)) s (see mutants.out/)"
 [ -z "$diff_file" ] || rm -f "$diff_file"
 # cargo-mutants exits 2 when mutants were missed, 3 when some timed out.

@@ -24,6 +24,7 @@ fn sigint_stops_the_sidecar_like_sigterm() {
     let dc = dir.path().join("config.json");
     std::fs::write(&dc, docker_config(&[("r.example.com", "u", "pw")])).unwrap();
     let mut p = ServeProcess::start(&["--docker-config", dc.to_str().unwrap()], &[]);
+    p.wait_healthy();
     signal(&p, "-INT");
     let status = wait_exit(&mut p.child, Duration::from_secs(10)).expect("SIGINT ignored");
     assert!(status.success(), "{status:?}");

@@ -496,3 +496,30 @@ pub fn wait_exit(
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+impl ServeProcess {
+    /// Waits (bounded) until `/healthz` answers 200. `Listening` is logged before the
+    /// signal handlers are installed; an answered request means the server task, whose
+    /// first poll installs them, has run.
+    pub fn wait_healthy(&self) {
+        use std::io::{Read, Write};
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let answered = std::net::TcpStream::connect(&self.addr).and_then(|mut s| {
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")?;
+                let mut answer = String::new();
+                s.read_to_string(&mut answer)?;
+                Ok(answer.starts_with("HTTP/1.1 200"))
+            });
+            if answered.unwrap_or(false) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "/healthz never answered"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
