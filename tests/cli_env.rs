@@ -122,15 +122,22 @@ async fn auth_token_file_is_read_from_env_and_the_flag_wins() {
 #[test]
 fn sync_secret_is_read_from_env_and_the_flag_wins() {
     // A malformed reference is a usage error (64) naming it: so the env was read.
-    let out = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .args(["serve", "--listen", "127.0.0.1:0"])
         .env_clear()
         .env("REGBROKER_SYNC_SECRET", "ns/ok,not-a-reference")
         .stdin(Stdio::null())
-        .output()
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    assert_eq!(out.status.code(), Some(64), "{out:?}");
-    let err = String::from_utf8_lossy(&out.stderr);
+    let Some(status) = common::wait_exit(&mut child, Duration::from_secs(30)) else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("REGBROKER_SYNC_SECRET was not read: serve ran on");
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(64), "{err}");
     assert!(err.contains("not-a-reference"), "{err}");
     // A valid flag wins: the malformed env is never parsed, and the process gets as far
     // as looking for a Kubernetes client (none here: exit 1, not 64).

@@ -1504,5 +1504,105 @@ mod tests {
             assert_eq!((secret(&c).as_str(), outcome), ("net", Outcome::Miss));
             assert_eq!(calls.load(Ordering::SeqCst), 1);
         }
+        #[tokio::test(start_paused = true)]
+        async fn the_refresh_and_stale_points_are_exact_boundaries() {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            let fresh = |s| answer(&clock, &calls, s, Some(Duration::ZERO));
+            cache
+                .get_or_fetch(&k, Need::Servable, fresh("old"))
+                .await
+                .unwrap();
+            // 1 h credential: refresh at 2856 s, stale at 3570 s. One second before the
+            // refresh point it is a plain hit; at it, the refresh starts.
+            clock.advance(Duration::from_secs(2855));
+            let (_, outcome) = cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await
+                .unwrap();
+            assert_eq!(outcome, Outcome::Hit);
+            clock.advance(Duration::from_secs(1));
+            let (_, outcome) = cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await
+                .unwrap();
+            assert_eq!(
+                outcome,
+                Outcome::RefreshAhead,
+                "at the refresh point exactly"
+            );
+            settle().await;
+            // The refresh failed. At the stale point exactly (past the pause, which is at
+            // most 1 s) nothing is served: upstream is asked, and its error answered.
+            clock.advance(Duration::from_secs(3570 - 2856));
+            let got = cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await;
+            assert!(got.is_err(), "served at the stale point exactly");
+            assert_eq!(calls.load(Ordering::SeqCst), 3);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn with_no_failure_pause_the_next_request_asks_again_at_once() {
+            let (cache, _clock) = cache(Config {
+                failure_backoff: Duration::ZERO,
+                max_failure_backoff: Duration::ZERO,
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            for _ in 0..3 {
+                let got = cache
+                    .get_or_fetch(&key("a"), Need::Servable, failing(&calls))
+                    .await;
+                assert!(got.is_err());
+            }
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                3,
+                "a zero pause held a request back"
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_fresh_caller_whose_refresh_fails_gets_the_cached_one_only_while_servable() {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            clock.advance(Duration::from_secs(2900));
+            // The sink waits for the refresh, which fails: it gets the cached one.
+            let (c, outcome) = cache
+                .get_or_fetch(&k, Need::Fresh, failing(&calls))
+                .await
+                .unwrap();
+            assert_eq!(
+                (secret(&c).as_str(), outcome),
+                ("old", Outcome::StaleServed)
+            );
+            // Past the pause, a refresh that fails only after the stale point has passed
+            // while it ran: the error, not the now stale credential.
+            clock.advance(Duration::from_secs(600));
+            let slow_failure = {
+                let (clock, calls) = (clock.clone(), calls.clone());
+                move || {
+                    async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        clock.advance(Duration::from_secs(100)); // 3600 s > 3570 s
+                        Err(Error::unavailable("upstream down"))
+                    }
+                    .boxed()
+                }
+            };
+            let got = cache.get_or_fetch(&k, Need::Fresh, slow_failure).await;
+            assert!(got.is_err(), "served after it went stale during the fetch");
+        }
     }
 }
