@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
-use registry_peer::{Emulator, free_port, peer};
+use registry_peer::{Emulator, closed_port, peer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 const ECR_HOST: &str = "123456789012.dkr.ecr.us-east-1.amazonaws.com";
@@ -31,7 +31,7 @@ struct Run {
 /// unless the scenario sets it, and a closed metadata server for GCP.
 fn doctor(args: &[&str], env: &[(&str, String)]) -> Run {
     let home = tempfile::tempdir().unwrap();
-    let closed_metadata = format!("127.0.0.1:{}", free_port());
+    let closed_metadata = format!("127.0.0.1:{}", closed_port());
     let mut cmd = Command::new(BIN);
     cmd.arg("doctor")
         .args(args)
@@ -111,7 +111,7 @@ fn irsa(token: &str) -> (tempfile::TempDir, Vec<(&'static str, String)>) {
 fn closed_endpoint() -> (&'static str, String) {
     (
         "AWS_ENDPOINT_URL",
-        format!("http://127.0.0.1:{}", free_port()),
+        format!("http://127.0.0.1:{}", closed_port()),
     )
 }
 

@@ -227,11 +227,16 @@ async fn concurrent_cold_requests_make_exactly_one_upstream_call() {
             )
         }));
     }
-    // Let every request reach the broker before the upstream answers.
-    while srv.fake.calls() == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Every request has joined the one fetch before the upstream answers.
+    let cache = srv.broker.cache().clone();
+    let key = regbroker::broker::cache::Key {
+        provider: "fake",
+        scope: "fake-identity".into(),
+    };
+    common::eventually("all 100 requests wait on the fetch", async || {
+        cache.waiting_for(&key).await == 100
+    })
+    .await;
     srv.fake.open_gate();
     for t in tasks {
         let (status, body) = t.await.unwrap();
@@ -413,4 +418,70 @@ async fn expiry_in_the_year_10000_is_capped_not_a_panic() {
     let (status, _) = srv.credentials("a.fake.test").await;
     assert_eq!(status, 200);
     assert_eq!(srv.fake.calls(), 1);
+}
+
+#[tokio::test]
+async fn readyz_answers_503_until_start_up_work_is_done() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tower::ServiceExt as _;
+    let srv = TestServer::builder().start().await;
+    let ready = Arc::new(AtomicBool::new(false));
+    let state = regbroker::server::AppState {
+        broker: srv.broker.clone(),
+        metrics: srv.metrics.clone(),
+        ready: ready.clone(),
+    };
+    let status = |app: axum::Router, path: &'static str| async move {
+        let req = axum::http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        app.oneshot(req).await.unwrap().status().as_u16()
+    };
+    let app = regbroker::server::app(state.clone());
+    let probe = regbroker::server::probe_app(state);
+    assert_eq!(status(app.clone(), "/readyz").await, 503);
+    assert_eq!(status(probe.clone(), "/readyz").await, 503);
+    assert_eq!(
+        status(app.clone(), "/healthz").await,
+        200,
+        "alive meanwhile"
+    );
+    ready.store(true, Ordering::Release);
+    assert_eq!(status(app, "/readyz").await, 200);
+    assert_eq!(status(probe, "/readyz").await, 200);
+}
+
+#[tokio::test]
+async fn a_request_past_the_request_timeout_gets_504_and_the_default_is_60_s() {
+    use tower::ServiceExt as _;
+    assert_eq!(
+        regbroker::server::Options::default().request_timeout,
+        Duration::from_secs(60)
+    );
+    let srv = TestServer::builder().start().await;
+    srv.fake.close_gate();
+    let app = regbroker::server::app_with(
+        regbroker::server::AppState {
+            broker: srv.broker.clone(),
+            metrics: srv.metrics.clone(),
+            ready: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        },
+        regbroker::server::Options {
+            request_timeout: Duration::from_millis(200),
+            ..regbroker::server::Options::default()
+        },
+    );
+    let req = axum::http::Request::get("/v1/credentials?registry=a.fake.test")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(10), app.oneshot(req))
+        .await
+        .expect("the request timeout did not cut the request")
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 504);
+    let body = axum::body::to_bytes(res.into_body(), 4096).await.unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"]["code"], "request_timeout");
+    srv.fake.open_gate();
 }

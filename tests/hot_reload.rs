@@ -114,3 +114,75 @@ async fn plain_file_rewritten_in_place_or_replaced_is_reloaded() {
         wait_for(async || srv.credentials("r.example.com").await.1["password"] == "three").await
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_is_never_seen_half_done_and_never_drops_a_request() {
+    // Twenty entries, all of one version per file; reloaded 100 times while readers
+    // take snapshots and requests run.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    let version = |v: usize| {
+        let entries: Vec<(String, String)> = (0..20)
+            .map(|i| (format!("r{i}.example.com"), format!("pw-v{v}")))
+            .collect();
+        let refs: Vec<(&str, &str, &str)> = entries
+            .iter()
+            .map(|(h, p)| (h.as_str(), "u", p.as_str()))
+            .collect();
+        docker_config(&refs)
+    };
+    std::fs::write(&path, version(0)).unwrap();
+    let srv = std::sync::Arc::new(TestServer::builder().docker_config(&path).start().await);
+    let registries: Vec<regbroker_provider::Registry> = (0..20)
+        .map(|i| regbroker_provider::Registry::parse(&format!("r{i}.example.com")).unwrap())
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (srv, stop) = (srv.clone(), stop.clone());
+        std::thread::spawn(move || {
+            use regbroker_provider::ExposeSecret;
+            let mut seen = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let snap = srv.statics.snapshot();
+                let secrets: std::collections::BTreeSet<String> = registries
+                    .iter()
+                    .map(|r| snap.get(r).unwrap().secret().expose_secret().to_string())
+                    .collect();
+                assert_eq!(secrets.len(), 1, "a snapshot mixed versions: {secrets:?}");
+                seen += 1;
+            }
+            seen
+        })
+    };
+    let requests = {
+        let (srv, stop) = (srv.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut n = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let (status, body) = srv.credentials(&format!("r{}.example.com", n % 20)).await;
+                assert_eq!(status, 200, "a request during a reload: {body}");
+                assert!(body["password"].as_str().unwrap().starts_with("pw-v"));
+                n += 1;
+            }
+            n
+        })
+    };
+    for v in 1..=100 {
+        regbroker::sinks::docker_config::write_atomic(&path, version(v).as_bytes()).unwrap();
+        srv.statics.reload().unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let snapshots = reader.join().unwrap();
+    let served = tokio::time::timeout(Duration::from_secs(10), requests)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        snapshots > 0 && served > 0,
+        "{snapshots} snapshots, {served} requests"
+    );
+    assert_eq!(
+        srv.credentials("r0.example.com").await.1["password"],
+        "pw-v100"
+    );
+}

@@ -15,14 +15,23 @@ async fn graceful_shutdown_completes_an_in_flight_request() {
     let client = srv.client.clone();
     let url = format!("{}/v1/credentials?registry=slow.fake.test", srv.base);
     let request = tokio::spawn(async move { client.get(url).send().await });
-    while srv.fake.calls() == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let fake = srv.fake.clone();
+    common::eventually("the request reached the upstream", async || {
+        fake.calls() == 1
+    })
+    .await;
 
     srv.shutdown();
     let task = srv.task.take().unwrap();
-    // The server must wait for the in-flight request rather than stop.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The server has taken the shutdown once its listener is closed. This test runs on a
+    // single-threaded runtime, so the serve task is not running while we look: had it
+    // stopped without waiting for the in-flight request, it would have finished in the
+    // same poll that closed the listener.
+    let addr = srv.base.trim_start_matches("http://").to_string();
+    common::eventually("the listener closes", async || {
+        tokio::net::TcpStream::connect(&addr).await.is_err()
+    })
+    .await;
     assert!(
         !task.is_finished(),
         "server stopped with a request in flight"

@@ -94,3 +94,95 @@ async fn sink_writes_static_rule_and_named_registries_and_refreshes_before_expir
     sink.refresh().await;
     assert!(auth_of(&path, "static.example.com").is_none());
 }
+
+fn inode(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().ino()
+}
+
+#[tokio::test]
+async fn an_unchanged_docker_config_file_is_not_rewritten() {
+    let (srv, dir) = common::server_with_static().await;
+    let path = dir.path().join("config.json");
+    let config = Config {
+        path: path.clone(),
+        extra: vec![],
+    };
+    let mut sink = Sink::start(srv.broker.clone(), config).await.unwrap();
+    // Every write is a new file renamed into place: a new inode. A hard link keeps the
+    // written one alive, so its inode number cannot be reused by a rewrite.
+    let seen = dir.path().join("seen");
+    std::fs::hard_link(&path, &seen).unwrap();
+    let written = inode(&seen);
+    sink.refresh().await;
+    sink.refresh().await;
+    assert_eq!(inode(&path), written, "rewritten although nothing changed");
+    // Control: a change is written.
+    std::fs::write(
+        dir.path().join("static.json"),
+        docker_config(&[("static.example.com", "s-user", "new-pw")]),
+    )
+    .unwrap();
+    srv.statics.reload().unwrap();
+    sink.refresh().await;
+    assert_ne!(inode(&path), written);
+    assert_eq!(
+        auth_of(&path, "static.example.com").unwrap(),
+        "s-user:new-pw"
+    );
+}
+
+#[tokio::test]
+async fn the_next_pass_is_due_at_the_earliest_refresh_point_not_the_stale_point() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = TestServer::builder()
+        .config("[[rule]]\nmatch = \"proxy.example.com\"\nsource = \"fake\"\n")
+        .start()
+        .await;
+    // 100 s of life: usable 70 s (30 s margin), refresh at 0.8 of that, 56 s; both
+    // inside the [5 s, 60 s] clamp, so the clamp cannot hide which one was used.
+    srv.fake
+        .then(Answer::Credential(Some(Duration::from_secs(100))));
+    let config = Config {
+        path: dir.path().join("config.json"),
+        extra: vec![],
+    };
+    let sink = Sink::start(srv.broker.clone(), config).await.unwrap();
+    assert_eq!(sink.next_pass_in(), Duration::from_secs(56));
+    assert_eq!(srv.fake.calls(), 1);
+}
+
+#[tokio::test]
+async fn a_change_of_static_sources_wakes_the_sink_before_its_next_pass() {
+    let (srv, dir) = common::server_with_static().await;
+    let path = dir.path().join("config.json");
+    let config = Config {
+        path: path.clone(),
+        extra: vec![],
+    };
+    let sink = Sink::start(srv.broker.clone(), config).await.unwrap();
+    assert_eq!(
+        sink.next_pass_in(),
+        Duration::from_secs(60),
+        "static entries only: the longest sleep"
+    );
+    let task = tokio::spawn(sink.run());
+    // On this single-threaded runtime, one yield runs the sink up to its wait, which
+    // notes the current static snapshot; the change below must come after that.
+    tokio::task::yield_now().await;
+    std::fs::write(
+        dir.path().join("static.json"),
+        docker_config(&[
+            ("static.example.com", "s-user", "s-pw"),
+            ("new.example.com", "n-user", "n-pw"),
+        ]),
+    )
+    .unwrap();
+    srv.statics.reload().unwrap();
+    // eventually() gives up after 10 s, well before the 60 s pass.
+    common::eventually("the sink wrote the new entry", async || {
+        std::fs::read(&path).is_ok_and(|_| auth_of(&path, "new.example.com").is_some())
+    })
+    .await;
+    task.abort();
+}

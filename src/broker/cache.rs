@@ -274,6 +274,8 @@ struct Flight {
     id: u64,
     future: InFlight,
     interest: Weak<Interest>,
+    /// A background refresh, whose task holds one interest of its own.
+    refresh: bool,
 }
 
 /// Counts one fetch task as outstanding for as long as it lives, however it ends.
@@ -567,6 +569,7 @@ impl Cache {
                 id,
                 future: future.clone(),
                 interest: Arc::downgrade(&interest),
+                refresh,
             },
         );
         Ok(Joined::Flight(future, interest))
@@ -698,6 +701,21 @@ impl Cache {
     /// refreshes finish before moving a simulated clock).
     pub fn fetches_in_progress(&self) -> usize {
         self.outstanding.load(Ordering::SeqCst)
+    }
+
+    /// Clients waiting now for the fetch in flight for `key` (a background refresh's own
+    /// hold not counted): for tests that must know every client has joined a fetch
+    /// before letting it answer.
+    pub async fn waiting_for(&self, key: &Key) -> usize {
+        let inflight = self.inflight.lock().await;
+        let Some(flight) = inflight.get(key) else {
+            return 0;
+        };
+        let own = usize::from(flight.refresh);
+        flight
+            .interest
+            .upgrade()
+            .map_or(0, |i| Arc::strong_count(&i).saturating_sub(1 + own))
     }
 
     /// Number of cached credentials (approximate; for metrics and benchmarks).
@@ -1219,6 +1237,346 @@ mod tests {
                 .unwrap();
             assert_eq!((secret(&c).as_str(), outcome), ("second", Outcome::Miss));
             hog.await.unwrap().unwrap();
+        }
+        #[tokio::test(start_paused = true)]
+        async fn a_credential_past_its_stale_point_is_never_served_during_a_failure_pause() {
+            // A pause of at least 30 min (jitter halves at most): long enough to outlast
+            // the stale point, so the failure branch is what answers.
+            let (cache, clock) = cache(Config {
+                failure_backoff: HOUR,
+                max_failure_backoff: HOUR,
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            clock.advance(Duration::from_secs(2900));
+            cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await
+                .unwrap();
+            settle().await;
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                2,
+                "the refresh ran and failed"
+            );
+            // Inside the pause and before the stale point (3570 s): served stale.
+            let (c, outcome) = cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await
+                .unwrap();
+            assert_eq!(
+                (secret(&c).as_str(), outcome),
+                ("old", Outcome::StaleServed)
+            );
+            // Still inside the pause, past the stale point: the error, never the credential.
+            clock.advance(Duration::from_secs(700));
+            for need in [Need::Servable, Need::Fresh] {
+                let got = cache.get_or_fetch(&k, need, failing(&calls)).await;
+                assert!(
+                    got.is_err(),
+                    "{need:?}: a stale credential was served during the failure pause"
+                );
+            }
+            assert_eq!(calls.load(Ordering::SeqCst), 2, "the pause asked nobody");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_fetch_that_finished_while_a_caller_waited_for_the_lock_is_not_repeated() {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            // Hold the in-flight lock, as a finishing fetch does while it leaves the map.
+            let held = cache.inflight.lock().await;
+            let waiter = {
+                let (cache, k, f) = (
+                    cache.clone(),
+                    k.clone(),
+                    answer(&clock, &calls, "second", Some(Duration::ZERO)),
+                );
+                tokio::spawn(async move { cache.get_or_fetch(&k, Need::Servable, f).await })
+            };
+            settle().await;
+            assert!(!waiter.is_finished(), "the caller waits for the lock");
+            // The fetch it missed stored its entry before letting go of the lock.
+            let now = regbroker_provider::Clock::now(&clock);
+            let credential = Credential::new("u", "first".to_string(), Some(now + HOUR));
+            let lifetime = plan(cache.config(), now, credential.expires_at());
+            cache
+                .entries
+                .insert(
+                    k.clone(),
+                    Arc::new(Entry {
+                        credential,
+                        lifetime,
+                    }),
+                )
+                .await;
+            drop(held);
+            let (c, outcome) = waiter.await.unwrap().unwrap();
+            assert_eq!((secret(&c).as_str(), outcome), ("first", Outcome::Hit));
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                0,
+                "the entry found under the lock was fetched again"
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_client_that_gives_up_does_not_cancel_the_running_fetch() {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            let first = {
+                let (cache, k, f) = (
+                    cache.clone(),
+                    k.clone(),
+                    answer(&clock, &calls, "one", Some(Duration::from_secs(2))),
+                );
+                tokio::spawn(async move { cache.get_or_fetch(&k, Need::Servable, f).await })
+            };
+            settle().await;
+            assert_eq!(calls.load(Ordering::SeqCst), 1, "the fetch is running");
+            let second = {
+                let (cache, k, f) = (
+                    cache.clone(),
+                    k.clone(),
+                    answer(&clock, &calls, "never", None),
+                );
+                tokio::spawn(async move { cache.get_or_fetch(&k, Need::Servable, f).await })
+            };
+            settle().await;
+            assert_eq!(cache.waiting_for(&k).await, 2);
+            // The client that started the fetch disconnects.
+            first.abort();
+            assert!(first.await.unwrap_err().is_cancelled());
+            let (c, outcome) = second.await.unwrap().unwrap();
+            assert_eq!((secret(&c).as_str(), outcome), ("one", Outcome::Miss));
+            // Alone, a client that leaves while the fetch runs still leaves it to finish
+            // for the cache.
+            let lone = {
+                let (cache, f) = (
+                    cache.clone(),
+                    answer(&clock, &calls, "two", Some(Duration::from_secs(2))),
+                );
+                tokio::spawn(async move { cache.get_or_fetch(&key("b"), Need::Servable, f).await })
+            };
+            settle().await;
+            lone.abort();
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let (c, outcome) = cache
+                .get_or_fetch(&key("b"), Need::Servable, answer(&clock, &calls, "x", None))
+                .await
+                .unwrap();
+            assert_eq!((secret(&c).as_str(), outcome), ("two", Outcome::Hit));
+            assert_eq!(calls.load(Ordering::SeqCst), 2, "one upstream call per key");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_success_clears_the_failure_record_so_the_next_pause_starts_over() {
+            // Pauses: 1st failure 5-10 s, 2nd 10-20 s, 3rd 20-40 s (jitter in [0.5, 1]).
+            let (cache, clock) = cache(Config {
+                failure_backoff: Duration::from_secs(10),
+                max_failure_backoff: HOUR,
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            for pause_over in [11, 21] {
+                assert!(
+                    cache
+                        .get_or_fetch(&k, Need::Servable, failing(&calls))
+                        .await
+                        .is_err()
+                );
+                clock.advance(Duration::from_secs(pause_over));
+            }
+            cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "ok", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            assert_eq!(calls.load(Ordering::SeqCst), 3);
+            // Past its stale point the next fetch fails: the first failure since the
+            // success, so its pause is at most 10 s, not a third doubling (20-40 s).
+            clock.advance(HOUR);
+            assert!(
+                cache
+                    .get_or_fetch(&k, Need::Servable, failing(&calls))
+                    .await
+                    .is_err()
+            );
+            clock.advance(Duration::from_secs(11));
+            assert!(
+                cache
+                    .get_or_fetch(&k, Need::Servable, failing(&calls))
+                    .await
+                    .is_err()
+            );
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                5,
+                "11 s after the first failure since a success, upstream is asked again"
+            );
+        }
+
+        #[derive(Debug)]
+        struct Stored(Entry);
+
+        impl Persist for Stored {
+            fn load(&self, _key: &Key) -> Option<Entry> {
+                Some(self.0.clone())
+            }
+            fn store(&self, _key: &Key, _entry: &Entry) {}
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_persisted_entry_is_served_while_fresh_and_never_once_stale() {
+            let calls = Arc::new(AtomicUsize::new(0));
+            let (fresh_cache, clock) = cache(Config::default());
+            let now = regbroker_provider::Clock::now(&clock);
+            let stored = |secret: &str, fetched: SystemTime| {
+                let credential = Credential::new("u", secret.to_string(), Some(fetched + HOUR));
+                let lifetime = plan(&Config::default(), fetched, credential.expires_at());
+                Arc::new(Stored(Entry {
+                    credential,
+                    lifetime,
+                }))
+            };
+            let fresh_cache = fresh_cache.with_persist(stored("disk", now));
+            let (c, outcome) = fresh_cache
+                .get_or_fetch(
+                    &key("a"),
+                    Need::Servable,
+                    answer(&clock, &calls, "net", None),
+                )
+                .await
+                .unwrap();
+            assert_eq!((secret(&c).as_str(), outcome), ("disk", Outcome::Hit));
+            // Fetched 3580 s ago: past its stale point (3570 s), though not expired.
+            let stale_cache = Cache::new(Config::default(), Arc::new(clock.clone()))
+                .with_persist(stored("disk", now - Duration::from_secs(3580)));
+            let (c, outcome) = stale_cache
+                .get_or_fetch(
+                    &key("a"),
+                    Need::Servable,
+                    answer(&clock, &calls, "net", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            assert_eq!((secret(&c).as_str(), outcome), ("net", Outcome::Miss));
+            assert_eq!(calls.load(Ordering::SeqCst), 1);
+        }
+        #[tokio::test(start_paused = true)]
+        async fn the_refresh_and_stale_points_are_exact_boundaries() {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            let fresh = |s| answer(&clock, &calls, s, Some(Duration::ZERO));
+            cache
+                .get_or_fetch(&k, Need::Servable, fresh("old"))
+                .await
+                .unwrap();
+            // 1 h credential: refresh at 2856 s, stale at 3570 s. One second before the
+            // refresh point it is a plain hit; at it, the refresh starts.
+            clock.advance(Duration::from_secs(2855));
+            let (_, outcome) = cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await
+                .unwrap();
+            assert_eq!(outcome, Outcome::Hit);
+            clock.advance(Duration::from_secs(1));
+            let (_, outcome) = cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await
+                .unwrap();
+            assert_eq!(
+                outcome,
+                Outcome::RefreshAhead,
+                "at the refresh point exactly"
+            );
+            settle().await;
+            // The refresh failed. At the stale point exactly (past the pause, which is at
+            // most 1 s) nothing is served: upstream is asked, and its error answered.
+            clock.advance(Duration::from_secs(3570 - 2856));
+            let got = cache
+                .get_or_fetch(&k, Need::Servable, failing(&calls))
+                .await;
+            assert!(got.is_err(), "served at the stale point exactly");
+            assert_eq!(calls.load(Ordering::SeqCst), 3);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn with_no_failure_pause_the_next_request_asks_again_at_once() {
+            let (cache, _clock) = cache(Config {
+                failure_backoff: Duration::ZERO,
+                max_failure_backoff: Duration::ZERO,
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            for _ in 0..3 {
+                let got = cache
+                    .get_or_fetch(&key("a"), Need::Servable, failing(&calls))
+                    .await;
+                assert!(got.is_err());
+            }
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                3,
+                "a zero pause held a request back"
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_fresh_caller_whose_refresh_fails_gets_the_cached_one_only_while_servable() {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            clock.advance(Duration::from_secs(2900));
+            // The sink waits for the refresh, which fails: it gets the cached one.
+            let (c, outcome) = cache
+                .get_or_fetch(&k, Need::Fresh, failing(&calls))
+                .await
+                .unwrap();
+            assert_eq!(
+                (secret(&c).as_str(), outcome),
+                ("old", Outcome::StaleServed)
+            );
+            // Past the pause, a refresh that fails only after the stale point has passed
+            // while it ran: the error, not the now stale credential.
+            clock.advance(Duration::from_secs(600));
+            let slow_failure = {
+                let (clock, calls) = (clock.clone(), calls.clone());
+                move || {
+                    async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        clock.advance(Duration::from_secs(100)); // 3600 s > 3570 s
+                        Err(Error::unavailable("upstream down"))
+                    }
+                    .boxed()
+                }
+            };
+            let got = cache.get_or_fetch(&k, Need::Fresh, slow_failure).await;
+            assert!(got.is_err(), "served after it went stale during the fetch");
         }
     }
 }

@@ -425,3 +425,101 @@ impl Drop for ServeProcess {
         }
     }
 }
+
+/// A GCE metadata server on 127.0.0.1:0 (kept bound for the life of the test process):
+/// answers `.../service-accounts/default/token` with `ya29.fake-N` (N = call number)
+/// living `expires_in` seconds, or never answers when `hang`. It is what the real GCP
+/// provider in a `regbroker` process reaches through `GCE_METADATA_HOST`, so tests of
+/// the binary get a provider credential with a known expiry and a count of exchanges.
+pub struct FakeMetadata {
+    /// `host:port`, for `GCE_METADATA_HOST`.
+    pub addr: String,
+    calls: Arc<AtomicUsize>,
+}
+
+impl FakeMetadata {
+    pub fn start(expires_in: u64, hang: bool) -> FakeMetadata {
+        use axum::routing::get;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counted = calls.clone();
+        let app = axum::Router::new().route(
+            "/computeMetadata/v1/instance/service-accounts/default/token",
+            get(move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
+                    axum::Json(serde_json::json!({
+                        "access_token": format!("ya29.fake-{n}"),
+                        "expires_in": expires_in,
+                        "token_type": "Bearer",
+                    }))
+                }
+            }),
+        );
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let _ = axum::serve(listener, app).await;
+            });
+        });
+        FakeMetadata { addr, calls }
+    }
+
+    /// Token requests received so far (exchanges).
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// Waits (at most `bound`) for `child` to exit.
+pub fn wait_exit(
+    child: &mut std::process::Child,
+    bound: Duration,
+) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+impl ServeProcess {
+    /// Waits (bounded) until `/healthz` answers 200. `Listening` is logged before the
+    /// signal handlers are installed; an answered request means the server task, whose
+    /// first poll installs them, has run.
+    pub fn wait_healthy(&self) {
+        use std::io::{Read, Write};
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let answered = std::net::TcpStream::connect(&self.addr).and_then(|mut s| {
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                s.write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")?;
+                let mut answer = String::new();
+                s.read_to_string(&mut answer)?;
+                Ok(answer.starts_with("HTTP/1.1 200"))
+            });
+            if answered.unwrap_or(false) {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "/healthz never answered"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}

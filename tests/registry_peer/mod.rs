@@ -27,7 +27,22 @@ pub fn peer(name: &str, install: &str) -> PathBuf {
     regbroker_provider::test_util::require_peer(name, install)
 }
 
-/// A loopback port nobody listened on a moment ago.
+/// A loopback port that refuses connections for the rest of the test process: bound by
+/// a socket that never listens (a connection gets RST) and is never closed, so no other
+/// process can take the port in the meantime, as it could after a bind and release.
+pub fn closed_port() -> u16 {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    // Held until the process exits.
+    std::mem::forget(socket);
+    port
+}
+
+/// A loopback port nobody listened on a moment ago, for a peer that must be told its port
+/// (it binds it itself). Another process may take it in between: each peer's start-up
+/// retries with a new port when it fails to listen. "Nothing listens here" tests use
+/// [`closed_port`] instead.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()

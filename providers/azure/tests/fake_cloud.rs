@@ -508,10 +508,12 @@ async fn managed_identity_imds_user_assigned() {
 #[tokio::test]
 #[ignore = "child process of managed_identity_*; runs only with REGBROKER_AZURE_TEST_CHILD=1"]
 async fn managed_identity_child() {
-    if std::env::var(CHILD_FLAG).as_deref() != Ok("1") {
-        println!("skipping: only meaningful as a child of managed_identity_*");
-        return;
-    }
+    // Run by hand without its parent it fails, rather than passing having tested nothing.
+    assert_eq!(
+        std::env::var(CHILD_FLAG).as_deref(),
+        Ok("1"),
+        "only meaningful as a child of managed_identity_*, which sets {CHILD_FLAG}=1"
+    );
     let ca = std::env::var(CHILD_CA).unwrap();
     let client = client_trusting(&ca);
     let mut builder = AzureProvider::builder()

@@ -15,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use base64::Engine as _;
-use common::{Fake, closed_port, provider, write};
+use common::{Fake, closed_port, free_port, provider, write};
 use regbroker_provider::test_util::require_peer;
 use regbroker_provider::{Diagnosis, Finding, ManualClock, Provider, Status};
 use serde_json::json;
@@ -265,7 +265,7 @@ async fn unreadable_credentials_file_is_named() {
 #[ignore = "needs gcplocal: run scripts/test.sh"]
 async fn gcplocal_metadata_token_passes() {
     let bin = require_peer("gcplocal", "pip install gcplocal");
-    let port = closed_port();
+    let port = free_port();
     let cwd = tempfile::tempdir().unwrap();
     let _child = tokio::process::Command::new(bin)
         .args(["start", "--host", "127.0.0.1", "--port", &port.to_string()])

@@ -18,7 +18,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::{
-    clock_now, closed_port, credentials_provider, fetch, provider, service_account_key, test_key,
+    clock_now, credentials_provider, fetch, free_port, provider, service_account_key, test_key,
     write,
 };
 use regbroker_provider::test_util::require_peer;
@@ -42,7 +42,7 @@ impl Drop for Gcplocal {
 /// Starts gcplocal on a free loopback port; panics naming the peer when it is missing.
 async fn start() -> Gcplocal {
     let bin = require_peer("gcplocal", "pip install gcplocal");
-    let port = closed_port();
+    let port = free_port();
     let cwd = tempfile::tempdir().unwrap();
     let child = tokio::process::Command::new(bin)
         .args(["start", "--host", "127.0.0.1", "--port", &port.to_string()])

@@ -188,8 +188,21 @@ fn decode(s: &str) -> String {
     String::from_utf8(out).unwrap()
 }
 
-/// Binds and releases a port, for "nothing listens here" tests.
+/// A loopback port that refuses connections for the rest of the test process: bound by
+/// a socket that never listens (a connection gets RST) and is never closed, so no other
+/// process can take the port in the meantime, as it could after a bind and release.
 pub fn closed_port() -> u16 {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    // Held until the process exits.
+    std::mem::forget(socket);
+    port
+}
+
+/// A loopback port nobody listened on a moment ago, for a peer that must be told its port
+/// (it binds it itself; its start-up fails visibly if another process took it).
+pub fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
 }
