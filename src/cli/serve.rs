@@ -219,6 +219,7 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
             ..server::Options::default()
         },
     );
+    let signals = install_signals();
     tracing::info!(
         listen = %bound.local(),
         tls = tls.is_some(),
@@ -230,7 +231,7 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
 
     let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
-        shutdown_signal().await;
+        shutdown_signal(signals).await;
         let _ = signalled_tx.send(());
     };
     let _tls_watch = match &tls {
@@ -289,21 +290,32 @@ fn finish(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<(), 
     }
 }
 
-async fn shutdown_signal() {
+/// SIGTERM and SIGINT, installed before the sidecar says it is listening, so a signal
+/// sent as soon as it is up stops it cleanly instead of killing it.
+type Signals = Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>;
+
+fn install_signals() -> Signals {
     use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) {
-        (Ok(mut term), Ok(mut int)) => {
+        (Ok(term), Ok(int)) => Some((term, int)),
+        _ => {
+            tracing::warn!("Cannot install signal handlers; stop with SIGKILL");
+            None
+        }
+    }
+}
+
+async fn shutdown_signal(signals: Signals) {
+    match signals {
+        Some((mut term, mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}
                 _ = int.recv() => {}
             }
         }
-        _ => {
-            tracing::warn!("Cannot install signal handlers; stop with SIGKILL");
-            std::future::pending::<()>().await;
-        }
+        None => std::future::pending::<()>().await,
     }
 }
