@@ -160,9 +160,14 @@ pub fn map_credentials_error(err: &CredentialsError) -> Error {
             } else if has_code(err, THROTTLED_CODES) {
                 Error::throttled("loading the AWS identity was throttled")
             } else {
-                Error::identity_rejected(
-                    "an AWS identity is configured but could not be used or was refused (the broker log has the cause)",
-                )
+                // Only a known AWS error code is quoted: a short identifier, never the
+                // rest of an upstream answer. The whole cause goes to the log.
+                let code = known_code(&Cause::of(err).0)
+                    .map(|c| format!(": AWS answered {c}"))
+                    .unwrap_or_default();
+                Error::identity_rejected(format!(
+                    "an AWS identity is configured but could not be used or was refused{code} (the log has the whole cause)"
+                ))
             }
         }
         _ => Error::unavailable("loading the AWS identity failed"),
@@ -199,4 +204,27 @@ pub fn known_code(text: &str) -> Option<&'static str> {
         .filter(|c| text.contains(*c))
         .max_by_key(|c| c.len())
         .copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_identity_names_the_aws_code_and_nothing_else_of_the_answer() {
+        let err = CredentialsError::provider_error(
+            "InvalidIdentityToken: Incorrect token audience; token eyJhbGciOi.secret-part",
+        );
+        let e = map_credentials_error(&err);
+        assert_eq!(e.kind(), regbroker_provider::ErrorKind::IdentityRejected);
+        let msg = e.to_string();
+        assert!(msg.contains("AWS answered InvalidIdentityToken"), "{msg}");
+        assert!(
+            !msg.contains("secret-part") && !msg.contains("audience"),
+            "{msg}"
+        );
+        // Without a known code the message says so without guessing.
+        let e = map_credentials_error(&CredentialsError::provider_error("something odd"));
+        assert!(!e.to_string().contains("AWS answered"), "{e}");
+    }
 }
