@@ -53,7 +53,9 @@ export CARGO_TARGET_DIR="${REGBROKER_MUTANTS_TARGET:-$PWD/target/mutants}"
 export CARGO_TERM_COLOR=never
 started=$SECONDS
 status=0
-cargo mutants --workspace --jobs 1 "${args[@]}" || status=$?
+# --gitignore true: the copy of the tree leaves out what .gitignore lists (fuzz/target,
+# the venv), which otherwise filled the disk while being copied.
+cargo mutants --workspace --jobs 1 --gitignore true "${args[@]}" || status=$?
 echo "cargo mutants exited $status after $((SECONDS - started)) s (see mutants.out/)"
 [ -z "$diff_file" ] || rm -f "$diff_file"
 # cargo-mutants exits 2 when mutants were missed, 3 when some timed out.

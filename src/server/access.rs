@@ -101,3 +101,28 @@ pub fn check_exposure(
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use regbroker_provider::ExposeSecret;
+
+    #[test]
+    fn a_token_file_needs_sixteen_characters_exactly_at_the_boundary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        std::fs::write(&path, format!("{}\n", "t".repeat(16))).unwrap();
+        assert_eq!(
+            read_token_file(&path).unwrap().expose_secret(),
+            "t".repeat(16),
+            "16 characters (the trailing newline not counted) are enough"
+        );
+        std::fs::write(&path, format!("{}\n", "t".repeat(15))).unwrap();
+        let err = read_token_file(&path).unwrap_err();
+        assert!(err.contains("at least 16"), "{err}");
+        assert!(
+            !err.contains("ttttt"),
+            "the contents are never quoted: {err}"
+        );
+    }
+}
