@@ -105,7 +105,42 @@ pub fn check_exposure(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::server::Listen;
     use regbroker_provider::ExposeSecret;
+
+    #[test]
+    fn exposure_off_loopback_needs_a_token_and_tls_or_the_insecure_opt_in() {
+        let pod_ip = Listen::Tcp("10.0.0.7:8477".parse().unwrap());
+        let loopback = Listen::Tcp("127.0.0.1:8477".parse().unwrap());
+        let socket = Listen::Unix("/run/regbroker/sock".into());
+        // (has_token, has_tls, insecure) -> allowed on the pod IP
+        for (token, tls, insecure, allowed, names) in [
+            (
+                false,
+                false,
+                false,
+                false,
+                "without --auth-token-file and TLS",
+            ),
+            (true, false, false, false, "without TLS"),
+            (false, true, false, false, "without --auth-token-file:"),
+            (true, true, false, true, ""),
+            (false, false, true, true, ""),
+        ] {
+            let got = check_exposure(&pod_ip, token, tls, insecure);
+            assert_eq!(got.is_ok(), allowed, "{token} {tls} {insecure}: {got:?}");
+            if let Err(e) = got {
+                assert!(e.contains(names) && e.contains("--insecure-listen"), "{e}");
+            }
+        }
+        assert_eq!(check_exposure(&loopback, false, false, false), Ok(()));
+        assert_eq!(check_exposure(&socket, false, false, false), Ok(()));
+        assert!(
+            check_exposure(&socket, true, true, false)
+                .unwrap_err()
+                .contains("unix socket")
+        );
+    }
 
     #[test]
     fn a_token_file_needs_sixteen_characters_exactly_at_the_boundary() {
