@@ -1540,18 +1540,7 @@ mod tests {
 
         #[tokio::test(start_paused = true)]
         async fn a_fresh_caller_whose_refresh_fails_gets_the_cached_one_only_while_servable() {
-            let (cache, clock) = cache(Config::default());
-            let calls = Arc::new(AtomicUsize::new(0));
-            let k = key("a");
-            cache
-                .get_or_fetch(
-                    &k,
-                    Need::Servable,
-                    answer(&clock, &calls, "old", Some(Duration::ZERO)),
-                )
-                .await
-                .unwrap();
-            clock.advance(Duration::from_secs(2900));
+            let (cache, clock, calls, k) = due_for_refresh().await;
             // The sink waits for the refresh, which fails: it gets the cached one.
             let (c, outcome) = cache
                 .get_or_fetch(&k, Need::Fresh, failing(&calls))
