@@ -229,7 +229,7 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
     );
     ready.store(true, Ordering::Release);
 
-    let (signalled_tx, signalled_rx) = tokio::sync::oneshot::channel::<()>();
+    let (signalled_tx, mut signalled_rx) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown_signal(signals).await;
         let _ = signalled_tx.send(());
@@ -242,16 +242,25 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
     let server =
         tokio::spawn(bound.serve_tls(app, shutdown, server::ConnLimits::default(), acceptor));
     tokio::pin!(server);
-    tokio::select! {
-        r = &mut server => return finish(r),
-        _ = signalled_rx => {}
-    }
+    // A signal both starts the server's graceful shutdown and resolves `signalled_rx`,
+    // so with idle connections both branches can be ready at once. The signal is looked
+    // at first (`biased`), and whatever ended the serving, the release below runs: once
+    // the server branch won that race and returned early, the Lease was never released,
+    // and the next leader waited out the whole lease duration (about one SIGTERM in three).
+    let ended = tokio::select! {
+        biased;
+        _ = &mut signalled_rx => None,
+        r = &mut server => Some(r),
+    };
     if let Some(elector) = elector {
         // The guarded writes stop first, then the Lease is released for the next leader.
         if let Some(sync) = secret_sync.take() {
             sync.stop().await;
         }
         elector.shutdown().await;
+    }
+    if let Some(r) = ended {
+        return finish(r);
     }
     tracing::info!(grace = ?args.shutdown_grace, "Shutting down; finishing in-flight requests");
     match tokio::time::timeout(args.shutdown_grace, &mut server).await {
