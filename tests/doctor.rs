@@ -307,6 +307,23 @@ fn irsa_token_file_missing_expired_or_from_the_future() {
     let run = doctor(&["--provider", "aws", "--timeout", "2s"], &env);
     assert!(run.out.contains("no region for STS"), "{}", run.out);
     assert!(run.out.contains("aws-cn"), "{}", run.out);
+
+    // The commercial partition, no region: us-east-1 works there, so a warning (not a
+    // failure) naming STS and ECR Public, and the fix.
+    env.retain(|(k, _)| *k != "AWS_ROLE_ARN");
+    env.push(("AWS_ROLE_ARN", IRSA_ROLE.to_string()));
+    let run = doctor(&["--provider", "aws", "--timeout", "2s"], &env);
+    assert!(
+        run.out.contains("no region for STS or ECR Public"),
+        "{}",
+        run.out
+    );
+    assert!(run.out.contains("set AWS_REGION"), "{}", run.out);
+    assert!(
+        !run.out.contains("not in the role's partition"),
+        "{}",
+        run.out
+    );
 }
 
 fn moto() -> Emulator {

@@ -104,6 +104,22 @@ async fn refresh_failures_serve_the_cached_credential_until_its_real_expiry() {
         assert_eq!(body["password"], "fake-secret-1");
     }
     assert_eq!(srv.fake.calls(), 2, "one refresh attempt, then the pause");
+    // The background refresh is counted as started and as failed, never as ok.
+    common::eventually("the failed refresh is counted", async || {
+        srv.metrics
+            .encode()
+            .contains("regbroker_cache_refreshes_total{result=\"failed\"} 1")
+    })
+    .await;
+    let metrics = srv.metrics.encode();
+    assert!(
+        metrics.contains("regbroker_cache_refreshes_total{result=\"started\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("regbroker_cache_refreshes_total{result=\"ok\"} 1"),
+        "{metrics}"
+    );
     // Past the stale point (3570 s) it is never served.
     srv.clock.advance(Duration::from_secs(700));
     let (status, body) = srv.credentials("a.fake.test").await;
