@@ -78,13 +78,36 @@ impl HttpClient for Http {
             return Ok(response);
         }
         let (status, headers, body) = response.deconstruct();
-        let body = body.collect().await?;
+        let body = collect_bounded(body).await?;
         Ok(AsyncRawResponse::from_bytes(
             status,
             headers,
             bounded_expires_in(body),
         ))
     }
+}
+
+/// An identity answer's body, read up to [`MAX_UPSTREAM_BODY`]: past that it is a
+/// `DataConversion` error (which `identity::token_error` reports as a bad response), and
+/// nothing past the cap is buffered. Entra ID and IMDS answer a few KiB.
+pub(crate) async fn collect_bounded(
+    mut body: azure_core::http::AsyncResponseBody,
+) -> azure_core::Result<azure_core::Bytes> {
+    use futures_core::Stream;
+    let mut out = Vec::new();
+    while let Some(chunk) =
+        std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_next(cx)).await
+    {
+        let chunk = chunk?;
+        if out.len() + chunk.len() > MAX_UPSTREAM_BODY {
+            return Err(azure_core::Error::with_message(
+                azure_core::error::ErrorKind::DataConversion,
+                format!("the identity endpoint's answer is larger than {MAX_UPSTREAM_BODY} bytes"),
+            ));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out.into())
 }
 
 /// An identity answer with its numeric `expires_in` (and `ext_expires_in`) clamped to

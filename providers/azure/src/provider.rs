@@ -148,8 +148,11 @@ impl AzureProvider {
             .service
             .clone()
             .unwrap_or_else(|| registry.host().to_string());
+        // Everything that picks the Entra ID identity is in the scope, the managed
+        // identity endpoint too (App Service's), so two identities sharing a disk cache
+        // never read each other's entries.
         let cache_scope = format!(
-            "{}|authority={}|tenant={}|client_id={}|scope={}|service={}|exchange={}",
+            "{}|authority={}|tenant={}|client_id={}|scope={}|service={}|exchange={}|endpoint={}",
             kind.as_str(),
             authority,
             tenant.as_deref().unwrap_or("-"),
@@ -157,6 +160,7 @@ impl AzureProvider {
             scope,
             service,
             exchange_url,
+            self.env.get(identity::IDENTITY_ENDPOINT).unwrap_or("-"),
         );
         let mut t = Target::new(registry.clone(), cache_scope)
             .with_param(P_KIND, kind.as_str())

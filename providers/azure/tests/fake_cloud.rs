@@ -157,6 +157,30 @@ async fn an_exchange_answer_over_the_size_cap_is_a_bad_response() {
 }
 
 #[tokio::test]
+async fn an_entra_id_answer_over_the_size_cap_is_a_bad_response() {
+    // The SDK's own read of a token answer used to be unbounded: a hostile or broken
+    // identity endpoint could make the sidecar buffer any amount. The transport now reads
+    // at most MAX_UPSTREAM_BODY and reports more as a bad response.
+    let s = scenario(false).await;
+    s.running.fake.script_aad(
+        200,
+        serde_json::json!({
+            "token_type": "Bearer",
+            "expires_in": 3600,
+            "access_token": "x".repeat(regbroker_provider::MAX_UPSTREAM_BODY),
+        }),
+    );
+    let e = fetch(&s).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::BadResponse, "{e}");
+    assert!(!e.message().contains("xxxxxxxx"), "{e}");
+    assert_eq!(
+        s.running.fake.exchange_calls.load(Ordering::SeqCst),
+        0,
+        "no exchange without an Entra ID token"
+    );
+}
+
+#[tokio::test]
 async fn aad_500_then_success() {
     let s = scenario(false).await;
     s.running.fake.script_aad(
