@@ -164,8 +164,47 @@ def check_credential_provider_config(path, c):
             fail(f"{path}: provider args must be [kubelet-credential-provider]")
         if not p.get("matchImages") or not p.get("defaultCacheDuration") or not p.get("name"):
             fail(f"{path}: provider needs name, matchImages and defaultCacheDuration")
+        t = p.get("tokenAttributes")
+        if t is not None:
+            check_token_attributes(f"{path}: provider {p.get('name')}", t)
+    names = [p.get("name") for p in c.get("providers", [])]
+    if len(names) != len(set(names)):
+        fail(f"{path}: provider names must be unique (each is an executable): {names}")
     if not c.get("providers"):
         fail(f"{path}: no providers")
+
+
+# KEP-4412's tokenAttributes (kubelet 1.34+): the audience each cloud's token exchange
+# accepts, and the annotation keys regbroker reads for it.
+TOKEN_AUDIENCES = {
+    "sts.amazonaws.com": {"eks.amazonaws.com/ecr-role-arn", "eks.amazonaws.com/role-arn"},
+}
+
+
+def check_token_attributes(where, t):
+    keys = set(t) - {
+        "serviceAccountTokenAudience",
+        "cacheType",
+        "requireServiceAccount",
+        "requiredServiceAccountAnnotationKeys",
+        "optionalServiceAccountAnnotationKeys",
+    }
+    if keys:
+        fail(f"{where}: unknown tokenAttributes keys {sorted(keys)}")
+    audience = t.get("serviceAccountTokenAudience")
+    if audience not in TOKEN_AUDIENCES:
+        fail(f"{where}: serviceAccountTokenAudience {audience!r} is not one regbroker exchanges")
+        return
+    # Token would let the kubelet share one answer between every pod holding the same
+    # token; a workload's credential must be cached per ServiceAccount.
+    if t.get("cacheType") != "ServiceAccount":
+        fail(f"{where}: cacheType must be ServiceAccount (required since 1.34)")
+    listed = set(t.get("requiredServiceAccountAnnotationKeys", [])) | set(
+        t.get("optionalServiceAccountAnnotationKeys", [])
+    )
+    if listed != TOKEN_AUDIENCES[audience]:
+        fail(f"{where}: annotation keys {sorted(listed)} are not the ones regbroker reads for "
+             f"{audience}: {sorted(TOKEN_AUDIENCES[audience])}")
 
 
 def by_kind(objs, kind):

@@ -19,7 +19,9 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use futures_util::FutureExt;
-use regbroker_provider::{Credential, Error, ErrorKind, Provider, Registry, SharedClock, Target};
+use regbroker_provider::{
+    Credential, Error, ErrorKind, Provider, Registry, SharedClock, Target, WorkloadIdentity,
+};
 
 pub mod cache;
 pub mod config;
@@ -218,6 +220,20 @@ impl Broker {
         self.credential_with(registry, Need::Fresh).await
     }
 
+    /// The credential for `registry` as `workload`'s own identity, waiting for a due
+    /// refresh ([`Need::Fresh`]), as [`Broker::fresh_credential`] does for this process's
+    /// identity. A static entry still wins (RFC-0002); a provider reads the workload's
+    /// identity from its annotations ([`Provider::bind_workload`]) and never falls back to
+    /// this process's identity.
+    pub async fn fresh_credential_for(
+        &self,
+        registry: &Registry,
+        workload: &WorkloadIdentity,
+    ) -> Result<Served, BrokerError> {
+        let route = bind(self.decide(registry).route, workload);
+        self.serve_with(registry, route, Need::Fresh).await
+    }
+
     async fn credential_with(
         &self,
         registry: &Registry,
@@ -318,6 +334,23 @@ impl Broker {
     /// Now, by the broker's clock.
     pub fn now(&self) -> SystemTime {
         self.clock.now()
+    }
+}
+
+/// `route` for `workload`'s own identity: a provider's target bound to it (or the
+/// provider's refusal); every other route as it is.
+pub fn bind(route: Route, workload: &WorkloadIdentity) -> Route {
+    match route {
+        Route::Provider(provider, target) => {
+            match provider.bind_workload(target, workload.clone()) {
+                Ok(target) => Route::Provider(provider, target),
+                Err(e) if e.kind() == ErrorKind::NotConfigured => {
+                    Route::NotConfigured(e.message().to_string())
+                }
+                Err(e) => Route::Failed(provider.name(), e),
+            }
+        }
+        other => other,
     }
 }
 

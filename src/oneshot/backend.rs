@@ -207,10 +207,24 @@ impl Backend {
 
     /// Looks up `registry`. `Err` holds a one-line message without secrets.
     pub async fn lookup(&self, registry: &Registry) -> Result<Lookup, String> {
+        self.lookup_as(registry, None).await
+    }
+
+    /// Looks up `registry` as `workload`'s own identity (`None`: this process's). A
+    /// workload is served in-process only: its ServiceAccount token is never sent to a
+    /// sidecar.
+    pub async fn lookup_as(
+        &self,
+        registry: &Registry,
+        workload: Option<&regbroker_provider::WorkloadIdentity>,
+    ) -> Result<Lookup, String> {
         match self {
             // A one-shot process exits right after answering, before a background
             // refresh could finish: past the refresh point it waits for the new one.
-            Backend::InProcess(broker) => match broker.fresh_credential(registry).await {
+            Backend::InProcess(broker) => match match workload {
+                Some(w) => broker.fresh_credential_for(registry, w).await,
+                None => broker.fresh_credential(registry).await,
+            } {
                 Ok(served) => Ok(Lookup::Found(served.credential)),
                 Err(BrokerError::NotConfigured(_)) => Ok(Lookup::NotFound),
                 // A provider that declines the host (a GCP identity of another universe):
@@ -228,6 +242,9 @@ impl Backend {
                     Err(e.to_string())
                 }
             },
+            Backend::Sidecar(..) if workload.is_some() => Err(format!(
+                "a ServiceAccount token (per-workload identity) is exchanged in this process only, never sent to a sidecar: unset {ENDPOINT_ENV} for this provider"
+            )),
             Backend::Sidecar(endpoint, token, tls) => tokio::time::timeout(
                 SIDECAR_TIMEOUT,
                 ask_sidecar(endpoint, token.as_ref(), tls.as_ref(), registry),

@@ -2,8 +2,10 @@
 //! kubelet credential provider), so repeated invocations do not repeat the cloud exchange.
 //!
 //! Opt-in with `REGBROKER_CACHE_DIR`. One file per (provider, scope) key, named by the
-//! SHA-256 of the key: the scope names the identity (role, client id), never a volatile
-//! access key id, so rotating session keys of one identity hit the same entry. The
+//! SHA-256 of the key: the scope names the identity actually used (role, client id, and a
+//! fingerprint of key ids, client emails, profiles and endpoint overrides; for a
+//! workload's own identity its ServiceAccount's namespace, name and UID too), never a
+//! secret, so two identities sharing the directory never read each other's entry. The
 //! directory is created with mode 0700 and files with 0600; every write goes to a temporary
 //! file in the same directory and is renamed over the old one, so concurrent helper
 //! processes never see a torn file (the last writer wins, and every version is valid).

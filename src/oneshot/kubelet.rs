@@ -2,16 +2,25 @@
 //! as `regbroker kubelet-credential-provider`.
 //!
 //! The kubelet writes a `CredentialProviderRequest` to stdin (`image`, and with KEP-4412
-//! `serviceAccountToken` / `serviceAccountAnnotations`, accepted and unused here) and reads
+//! `serviceAccountToken` / `serviceAccountAnnotations`) and reads
 //! a `CredentialProviderResponse` from stdout: `cacheKeyType: Registry`, a `cacheDuration`
 //! (Go duration) from the credential's remaining usable life, and `auth` keyed by the
 //! registry, or an empty `auth` for images regbroker does not serve. A wrong apiVersion or
 //! kind, or malformed JSON, is an error on stderr with exit code 1.
+//!
+//! With a `serviceAccountToken` (KEP-4412, the kubelet's `tokenAttributes`), the pull is
+//! the workload's own: the ServiceAccount is read from the token's claims, the cloud
+//! identity from the annotations (see each provider's `bind_workload`), and the cache
+//! scope (memory and `REGBROKER_CACHE_DIR`) names both, so one ServiceAccount never
+//! reads another's entry. A malformed token or annotation is exit 1 with a message
+//! naming it, never the node's identity instead. The token is never written to stdout,
+//! stderr, a log line or the disk cache.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use regbroker_provider::{ExposeSecret, Registry};
+use regbroker_provider::{ExposeSecret, Registry, SecretString, WorkloadIdentity};
 use serde::Deserialize;
 
 use super::backend::{Backend, Lookup, Settings};
@@ -29,6 +38,12 @@ struct Request {
     api_version: Option<String>,
     kind: Option<String>,
     image: Option<String>,
+    /// KEP-4412: the pod's ServiceAccount token for the audience in the kubelet's
+    /// `tokenAttributes`. Moved into a `SecretString` as soon as it is read.
+    service_account_token: Option<String>,
+    /// KEP-4412: the annotations of that ServiceAccount the kubelet was told to pass.
+    #[serde(default)]
+    service_account_annotations: BTreeMap<String, String>,
 }
 
 /// Formats a duration as Go's `time.Duration.String()` does for whole seconds:
@@ -73,7 +88,7 @@ fn respond(
 ) -> Result<serde_json::Value, String> {
     // The request may carry the pod's service account token (KEP-4412): wipe it after use.
     let buf = zeroize::Zeroizing::new(read_limited(stdin, MAX_INPUT, "request")?);
-    let req: Request = serde_json::from_slice(&buf).map_err(|e| {
+    let mut req: Request = serde_json::from_slice(&buf).map_err(|e| {
         format!(
             "request is not a CredentialProviderRequest (invalid JSON at line {} column {})",
             e.line(),
@@ -97,11 +112,22 @@ fn respond(
     if req.kind.as_deref() != Some("CredentialProviderRequest") {
         return Err("request kind must be CredentialProviderRequest".into());
     }
+    // The token leaves the request at once, into a SecretString (zeroized on drop).
+    let token = req.service_account_token.take().map(SecretString::from);
     let image = req
         .image
         .filter(|i| !i.is_empty())
         .ok_or("request has no image")?;
     let registry = Registry::parse(&image).map_err(|e| format!("image: {e}"))?;
+    // KEP-4412: with a token, the pull is the workload's own: its identity or nothing,
+    // never the node's. A malformed token is an error before any lookup.
+    let workload = match token {
+        Some(t) if !t.expose_secret().is_empty() => Some(
+            WorkloadIdentity::from_token(t, req.service_account_annotations)
+                .map_err(|e| format!("serviceAccountToken: {e}"))?,
+        ),
+        _ => None,
+    };
 
     let backend = Backend::new(&settings()?)?;
     let config = backend.cache_config();
@@ -110,7 +136,7 @@ fn respond(
         "kind": "CredentialProviderResponse",
         "cacheKeyType": "Registry",
     });
-    match block_on(backend.lookup(&registry))?? {
+    match block_on(backend.lookup_as(&registry, workload.as_ref()))?? {
         Lookup::NotFound => {
             // Nothing to offer: let the kubelet try other providers or go anonymous, and
             // ask again after a short while in case configuration changes.
@@ -122,6 +148,15 @@ fn respond(
             let life = cache::plan(&config, now, c.expires_at());
             let usable = life.stale_at.duration_since(now).unwrap_or(Duration::ZERO);
             response["cacheDuration"] = go_duration(usable).into();
+            // The kubelet refuses a password equal to the ServiceAccount token (unless
+            // `cacheType: Token`); a provider that echoed it would be a bug, never sent.
+            if let Some(w) = &workload
+                && c.secret().expose_secret() == w.token().expose_secret()
+            {
+                return Err(
+                    "the provider answered the ServiceAccount token itself as the password; refusing to return it".into(),
+                );
+            }
             response["auth"] = serde_json::json!({
                 registry.as_str(): {
                     "username": c.username(),

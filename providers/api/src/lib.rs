@@ -16,6 +16,7 @@ mod error;
 mod registry;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
+mod workload;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,6 +32,7 @@ pub use diagnosis::{Diagnosis, Finding, IdentityKind, Status};
 pub use error::{Error, ErrorKind};
 pub use registry::{DOCKER_HUB, MAX_HOST_LEN, ParseError, Registry};
 pub use secrecy::{ExposeSecret, SecretString};
+pub use workload::{ServiceAccount, WorkloadIdentity};
 
 /// The most bytes a provider reads of one upstream answer (token endpoints answer a few
 /// KiB). A longer answer is a `BadResponse` error, and nothing past the cap is buffered.
@@ -43,12 +45,14 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub type Options = BTreeMap<String, String>;
 
 /// What a provider will fetch: the registry asked for, plus everything the provider
-/// worked out from the host or the rule (region, account, role...).
+/// worked out from the host or the rule (region, account, role...), and the workload
+/// whose own identity is used, if any ([`Provider::bind_workload`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
     registry: Registry,
     scope: String,
     params: BTreeMap<String, String>,
+    workload: Option<WorkloadIdentity>,
 }
 
 impl Target {
@@ -61,7 +65,25 @@ impl Target {
             registry,
             scope: scope.into(),
             params: BTreeMap::new(),
+            workload: None,
         }
+    }
+
+    /// This target for `workload`'s own identity: its scope then also names the
+    /// ServiceAccount (namespace, name, UID), whatever the provider put in it. Providers
+    /// call this from [`Provider::bind_workload`] after putting the cloud identity (the
+    /// role, the client id) into the scope; it is the one place a ServiceAccount enters a
+    /// cache key.
+    pub fn for_workload(mut self, workload: WorkloadIdentity) -> Target {
+        self.scope = format!("{}|{}", workload.scope_part(), self.scope);
+        self.workload = Some(workload);
+        self
+    }
+
+    /// The workload whose own identity this target uses; `None`: the identity of this
+    /// process (the pod's or node's).
+    pub fn workload(&self) -> Option<&WorkloadIdentity> {
+        self.workload.as_ref()
     }
 
     /// Adds a provider-specific parameter.
@@ -106,7 +128,23 @@ pub trait Provider: Send + Sync + fmt::Debug {
     /// pull-through proxy with an explicit region and account.
     fn target(&self, registry: &Registry, options: &Options) -> Result<Target, Error>;
 
-    /// Exchanges this provider's identity for a credential for `target`.
+    /// Binds `target` (from [`Provider::recognise`] or [`Provider::target`]) to a
+    /// workload's own identity: reads the cloud identity from the ServiceAccount's
+    /// annotations, validates it, and returns the target to fetch, made with
+    /// [`Target::for_workload`] so its scope names the ServiceAccount and the cloud
+    /// identity. An annotation that is present but malformed, or missing when this cloud
+    /// needs it, is an error naming the annotation: never a fall back to this process's
+    /// own identity.
+    fn bind_workload(&self, target: Target, workload: WorkloadIdentity) -> Result<Target, Error> {
+        let _ = (target, workload);
+        Err(Error::invalid_config(format!(
+            "the {} provider cannot use a workload's own identity (a ServiceAccount token) yet",
+            self.name()
+        )))
+    }
+
+    /// Exchanges this provider's identity (or the target's workload identity) for a
+    /// credential for `target`.
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>>;
 
     /// The kind of identity a fetch would use, judged from env vars and files only: no
@@ -141,6 +179,31 @@ pub trait Provider: Send + Sync + fmt::Debug {
     }
 }
 
+/// A short, stable fingerprint of identity settings, for a cache scope: the first 16 hex
+/// digits of a SHA-256 over every `(name, value)` pair (each length-prefixed, so no two
+/// lists collide by concatenation). Give it what names an identity (a key id, a client
+/// email, a profile, an endpoint override), never a secret: the hash is not a vault, and
+/// a secret that changes must not change the scope anyway.
+pub fn fingerprint(parts: &[(&str, Option<&str>)]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for (name, value) in parts {
+        for field in [Some(*name), *value] {
+            match field {
+                Some(f) => {
+                    h.update((f.len() as u64).to_be_bytes());
+                    h.update(f.as_bytes());
+                }
+                None => h.update(u64::MAX.to_be_bytes()),
+            }
+        }
+    }
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Rejects every option key not in `known`, naming the first unknown one.
 pub fn check_known_options(
     provider: &str,
@@ -156,5 +219,54 @@ pub fn check_known_options(
             "unknown option `{k}` for the {provider} provider (known: {})",
             known.join(", ")
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_tell_identities_apart_and_are_stable() {
+        let a = fingerprint(&[("key_id", Some("AKIAAAAA")), ("profile", None)]);
+        assert_eq!(a.len(), 16);
+        assert_eq!(
+            a,
+            fingerprint(&[("key_id", Some("AKIAAAAA")), ("profile", None)])
+        );
+        assert_ne!(
+            a,
+            fingerprint(&[("key_id", Some("AKIABBBB")), ("profile", None)])
+        );
+        // An unset setting is not the empty string, and fields never run together.
+        assert_ne!(
+            a,
+            fingerprint(&[("key_id", Some("AKIAAAAA")), ("profile", Some(""))])
+        );
+        assert_ne!(
+            fingerprint(&[("a", Some("bc"))]),
+            fingerprint(&[("ab", Some("c"))])
+        );
+    }
+
+    #[test]
+    fn a_workload_target_names_the_service_account_in_its_scope() {
+        let registry = Registry::parse("123456789012.dkr.ecr.us-east-1.amazonaws.com").unwrap();
+        let base = Target::new(registry.clone(), "role|us-east-1|123456789012");
+        let jwt = test_util::service_account_jwt("team-a", "puller", "u-1");
+        let workload = WorkloadIdentity::from_token(jwt.into(), BTreeMap::new()).unwrap();
+        let bound = base.clone().for_workload(workload.clone());
+        assert_eq!(
+            bound.scope(),
+            "sa=team-a/puller/u-1|role|us-east-1|123456789012"
+        );
+        assert_eq!(bound.workload(), Some(&workload));
+        assert_eq!(base.workload(), None);
+        let other = WorkloadIdentity::from_token(
+            test_util::service_account_jwt("team-b", "puller", "u-2").into(),
+            BTreeMap::new(),
+        )
+        .unwrap();
+        assert_ne!(base.for_workload(other).scope(), bound.scope());
     }
 }

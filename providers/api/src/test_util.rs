@@ -48,3 +48,40 @@ impl Write for LogCapture {
         Ok(())
     }
 }
+
+/// An unsigned JWT (`alg: none`) with `payload` as its claims: what a claim reader sees,
+/// for tests that never reach a verifier.
+pub fn jwt(payload: &serde_json::Value) -> String {
+    use base64::Engine;
+    let b64 = |v: &serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string().as_bytes())
+    };
+    format!(
+        "{}.{}.c2lnbmF0dXJl",
+        b64(&serde_json::json!({"alg": "none", "typ": "JWT"})),
+        b64(payload)
+    )
+}
+
+/// A token shaped as the API server issues for ServiceAccount `namespace/name` (its
+/// `sub` and `kubernetes.io` claims, audience `sts.amazonaws.com`, an hour of life from
+/// the wall clock), unsigned.
+pub fn service_account_jwt(namespace: &str, name: &str, uid: &str) -> String {
+    let now = crate::Clock::now(&crate::SystemClock)
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    jwt(&serde_json::json!({
+        "aud": ["sts.amazonaws.com"],
+        "iss": "https://kubernetes.default.svc.cluster.local",
+        "iat": now,
+        "nbf": now,
+        "exp": now + 3600,
+        "sub": format!("system:serviceaccount:{namespace}:{name}"),
+        "kubernetes.io": {
+            "namespace": namespace,
+            "pod": {"name": "p", "uid": "00000000-0000-0000-0000-00000000000a"},
+            "serviceaccount": {"name": name, "uid": uid},
+        },
+    }))
+}

@@ -5,6 +5,9 @@
 
 use std::time::SystemTime;
 
+use aws_credential_types::Credentials;
+use aws_credential_types::provider::SharedCredentialsProvider;
+use aws_types::region::Region;
 use base64::Engine;
 use regbroker_provider::{Credential, Error, SecretString};
 
@@ -30,12 +33,47 @@ impl AwsProvider {
             .send()
             .await
             .map_err(|e| errors::map_sdk_error(&what, e))?;
+        self.private_answer(&what, out, region, account)
+    }
+
+    /// The ECR credential in `region` as a workload's assumed role (`credentials`).
+    ///
+    /// No `registryIds` here: the token is the role's own, good for every registry the
+    /// role may read (the parameter is deprecated), and a registry id would only make
+    /// the answer name the host's account rather than the caller's.
+    pub(crate) async fn fetch_private_as(
+        &self,
+        credentials: Credentials,
+        region: &str,
+        account: &str,
+    ) -> Result<Credential, Error> {
+        let what = format!("ECR GetAuthorizationToken for account {account} in {region}");
+        let sdk = self.sdk_config().await;
+        let conf = aws_sdk_ecr::config::Builder::from(sdk)
+            .region(Region::new(region.to_string()))
+            .credentials_provider(SharedCredentialsProvider::new(credentials))
+            .build();
+        let out = aws_sdk_ecr::Client::from_conf(conf)
+            .get_authorization_token()
+            .send()
+            .await
+            .map_err(|e| errors::map_sdk_error(&what, e))?;
+        self.private_answer(&what, out, region, account)
+    }
+
+    fn private_answer(
+        &self,
+        what: &str,
+        out: aws_sdk_ecr::operation::get_authorization_token::GetAuthorizationTokenOutput,
+        region: &str,
+        account: &str,
+    ) -> Result<Credential, Error> {
         let data = out
             .authorization_data()
             .iter()
             .find_map(|d| Some((d.authorization_token()?, d.expires_at())));
         let credential = credential_from_authorization_data(
-            &what,
+            what,
             data.map(|(t, at)| (t, at.copied())),
             self.settings.clock.now(),
         )?;
@@ -45,8 +83,29 @@ impl AwsProvider {
 
     /// The ECR Public credential, as `role` (or the base identity).
     pub(crate) async fn fetch_public(&self, role: Option<&str>) -> Result<Credential, Error> {
-        let what = format!("ECR Public GetAuthorizationToken in {PUBLIC_REGION}");
         let client = self.public_client(role).await;
+        self.fetch_public_with(client).await
+    }
+
+    /// The ECR Public credential as a workload's assumed role (`credentials`).
+    pub(crate) async fn fetch_public_as(
+        &self,
+        credentials: Credentials,
+    ) -> Result<Credential, Error> {
+        let sdk = self.sdk_config().await;
+        let conf = aws_sdk_ecrpublic::config::Builder::from(sdk)
+            .region(Region::from_static(PUBLIC_REGION))
+            .credentials_provider(SharedCredentialsProvider::new(credentials))
+            .build();
+        self.fetch_public_with(aws_sdk_ecrpublic::Client::from_conf(conf))
+            .await
+    }
+
+    async fn fetch_public_with(
+        &self,
+        client: aws_sdk_ecrpublic::Client,
+    ) -> Result<Credential, Error> {
+        let what = format!("ECR Public GetAuthorizationToken in {PUBLIC_REGION}");
         let out = client
             .get_authorization_token()
             .send()

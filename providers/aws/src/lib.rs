@@ -18,6 +18,14 @@
 //! for tests (endpoint, credentials, retry and timeout settings, clock).
 //!
 //! Rule options: `region`, `account`, `role_arn` (see [`options`]).
+//!
+//! A workload's own identity (a ServiceAccount token and its role annotation, from the
+//! kubelet or a Secret's entry) is exchanged with STS `AssumeRoleWithWebIdentity` in the
+//! registry's region before the ECR call: see [`web_identity`].
+//!
+//! Every cache scope carries a fingerprint of the identity settings above (names, ids and
+//! endpoints, never a secret), so processes with different identities sharing one disk
+//! cache never read each other's credentials.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -32,6 +40,7 @@ pub mod options;
 mod provider;
 #[cfg(test)]
 mod test_support;
+pub mod web_identity;
 
 pub use authorization_token::{credential_from_authorization_data, decode_token};
 /// The SDK's timestamp type (`expiresAt`), for [`credential_from_authorization_data`].

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use regbroker_provider::{
     BoxFuture, Credential, Diagnosis, Error, IdentityKind, Options, Provider, Registry, Target,
+    WorkloadIdentity,
 };
 use tokio::sync::OnceCell;
 
@@ -22,12 +23,36 @@ use crate::clients::{ClientCache, ClientKey};
 use crate::host::{self, EcrHost};
 use crate::options::RuleOptions;
 
-const P_KIND: &str = "kind";
-const P_REGION: &str = "region";
-const P_ACCOUNT: &str = "account";
+pub(crate) const P_KIND: &str = "kind";
+pub(crate) const P_REGION: &str = "region";
+pub(crate) const P_ACCOUNT: &str = "account";
 const P_ROLE: &str = "role_arn";
 const KIND_PRIVATE: &str = "private";
-const KIND_PUBLIC: &str = "public";
+pub(crate) const KIND_PUBLIC: &str = "public";
+
+/// The env vars that decide which identity the default chain uses and where its calls
+/// go: the identity fingerprint in every cache scope is taken over their values, so two
+/// processes with different identities never share a cached credential (say through one
+/// `REGBROKER_CACHE_DIR`). Names and ids only: the secret key and session token are not
+/// read.
+const IDENTITY_ENV: &[&str] = &[
+    "AWS_ACCESS_KEY_ID",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_ECR",
+    "AWS_ENDPOINT_URL_ECR_PUBLIC",
+    "AWS_ENDPOINT_URL_STS",
+    "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+    "AWS_USE_FIPS_ENDPOINT",
+    "AWS_USE_DUALSTACK_ENDPOINT",
+];
 
 /// The AWS provider: ECR and ECR Public.
 pub struct AwsProvider {
@@ -35,6 +60,8 @@ pub struct AwsProvider {
     pub(crate) sdk: OnceCell<SdkConfig>,
     pub(crate) ecr: ClientCache<ClientKey, aws_sdk_ecr::Client>,
     pub(crate) public: ClientCache<Option<String>, aws_sdk_ecrpublic::Client>,
+    /// See [`IDENTITY_ENV`]; computed on first use.
+    fingerprint: std::sync::OnceLock<String>,
 }
 
 impl fmt::Debug for AwsProvider {
@@ -65,38 +92,96 @@ impl AwsProvider {
             sdk: OnceCell::new(),
             ecr: ClientCache::default(),
             public: ClientCache::default(),
+            fingerprint: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The fingerprint of the identity settings (see [`IDENTITY_ENV`]), with the
+    /// builder's explicit endpoint and credentials in it too.
+    fn fingerprint(&self) -> &str {
+        self.fingerprint.get_or_init(|| {
+            let env: Vec<(&str, Option<String>)> = IDENTITY_ENV
+                .iter()
+                .map(|k| (*k, std::env::var(k).ok().filter(|v| !v.is_empty())))
+                .collect();
+            let mut parts: Vec<(&str, Option<&str>)> =
+                env.iter().map(|(k, v)| (*k, v.as_deref())).collect();
+            parts.push((
+                "builder.endpoint_url",
+                self.settings.endpoint_url.as_deref(),
+            ));
+            parts.push((
+                "builder.credentials",
+                self.settings.credentials.as_ref().map(|_| "explicit"),
+            ));
+            regbroker_provider::fingerprint(&parts)
+        })
     }
 
     /// Exchanges the identity for an ECR credential for `target` (see [`Provider::fetch`]).
     pub async fn fetch_credential(&self, target: &Target) -> Result<Credential, Error> {
         let role = target.param(P_ROLE);
-        match target.param(P_KIND) {
-            Some(KIND_PRIVATE) => {
-                let (Some(region), Some(account)) =
-                    (target.param(P_REGION), target.param(P_ACCOUNT))
-                else {
+        let kind = target.param(P_KIND);
+        let place = match kind {
+            Some(KIND_PRIVATE) => match (target.param(P_REGION), target.param(P_ACCOUNT)) {
+                (Some(region), Some(account)) => Some((region, account)),
+                _ => {
                     return Err(Error::invalid_config(
                         "aws target without region or account",
                     ));
-                };
-                self.fetch_private(role, region, account).await
+                }
+            },
+            Some(KIND_PUBLIC) => None,
+            _ => {
+                return Err(Error::invalid_config(format!(
+                    "{} was not prepared by the aws provider",
+                    target.registry()
+                )));
             }
-            Some(KIND_PUBLIC) => self.fetch_public(role).await,
-            _ => Err(Error::invalid_config(format!(
-                "{} was not prepared by the aws provider",
-                target.registry()
-            ))),
-        }
+        };
+        let Some(workload) = target.workload() else {
+            return match place {
+                Some((region, account)) => self.fetch_private(role, region, account).await,
+                None => self.fetch_public(role).await,
+            };
+        };
+        // A workload's own identity: its role, assumed with its token through STS in the
+        // registry's region, and nothing of this process's identity.
+        let Some(role) = role else {
+            return Err(Error::invalid_config(
+                "a workload target without a role (not bound by the aws provider)",
+            ));
+        };
+        let sts_region = place.map_or(PUBLIC_REGION, |(region, _)| region);
+        let (creds, session_end) = self.assume_web_identity(workload, role, sts_region).await?;
+        let credential = match place {
+            Some((region, account)) => self.fetch_private_as(creds, region, account).await?,
+            None => self.fetch_public_as(creds).await?,
+        };
+        Ok(crate::web_identity::within_session(credential, session_end))
     }
 
-    fn private_target(
+    /// The scope's identity part: the role (or `default`, the chain's own identity),
+    /// marked `web-identity:` when a workload's token assumes it, then `@` and the
+    /// identity fingerprint.
+    fn identity_scope(&self, role: Option<&str>, web_identity: bool) -> String {
+        let who = match (role, web_identity) {
+            (Some(r), true) => format!("web-identity:{r}"),
+            (Some(r), false) => r.to_string(),
+            (None, _) => "default".to_string(),
+        };
+        format!("{who}@{}", self.fingerprint())
+    }
+
+    pub(crate) fn private_target(
+        &self,
         registry: &Registry,
         role: Option<&str>,
         region: &str,
         account: &str,
+        web_identity: bool,
     ) -> Target {
-        let identity = role.unwrap_or("default");
+        let identity = self.identity_scope(role, web_identity);
         let mut t = Target::new(registry.clone(), format!("{identity}|{region}|{account}"))
             .with_param(P_KIND, KIND_PRIVATE)
             .with_param(P_REGION, region)
@@ -107,8 +192,13 @@ impl AwsProvider {
         t
     }
 
-    fn public_target(registry: &Registry, role: Option<&str>) -> Target {
-        let identity = role.unwrap_or("default");
+    pub(crate) fn public_target(
+        &self,
+        registry: &Registry,
+        role: Option<&str>,
+        web_identity: bool,
+    ) -> Target {
+        let identity = self.identity_scope(role, web_identity);
         let mut t = Target::new(
             registry.clone(),
             format!("{identity}|{PUBLIC_REGION}|public"),
@@ -130,8 +220,8 @@ impl Provider for AwsProvider {
         match host::parse(registry.host(), registry.port())? {
             EcrHost::Private {
                 account, region, ..
-            } => Some(Self::private_target(registry, None, &region, &account)),
-            EcrHost::Public => Some(Self::public_target(registry, None)),
+            } => Some(self.private_target(registry, None, &region, &account, false)),
+            EcrHost::Public => Some(self.public_target(registry, None, false)),
         }
     }
 
@@ -151,7 +241,7 @@ impl Provider for AwsProvider {
                         "{registry} is ECR Public: options `region` and `account` do not apply"
                     )));
                 }
-                Ok(Self::public_target(registry, role))
+                Ok(self.public_target(registry, role, false))
             }
             Some(EcrHost::Private {
                 account, region, ..
@@ -168,17 +258,21 @@ impl Provider for AwsProvider {
                         )));
                     }
                 }
-                Ok(Self::private_target(registry, role, &region, &account))
+                Ok(self.private_target(registry, role, &region, &account, false))
             }
             None => match (&opts.region, &opts.account) {
                 (Some(region), Some(account)) => {
-                    Ok(Self::private_target(registry, role, region, account))
+                    Ok(self.private_target(registry, role, region, account, false))
                 }
                 _ => Err(Error::invalid_config(format!(
                     "{registry} is not an ECR host: a rule sending it to the aws provider needs options `region` and `account`"
                 ))),
             },
         }
+    }
+
+    fn bind_workload(&self, target: Target, workload: WorkloadIdentity) -> Result<Target, Error> {
+        self.bind(target, workload)
     }
 
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
@@ -230,7 +324,10 @@ mod tests {
         assert_eq!(t.param("region"), Some("eu-west-1"));
         assert_eq!(t.param("account"), Some("123456789012"));
         assert_eq!(t.param("role_arn"), None);
-        assert_eq!(t.scope(), "default|eu-west-1|123456789012");
+        assert_eq!(
+            t.scope(),
+            format!("default@{}|eu-west-1|123456789012", p.fingerprint())
+        );
         // FIPS and dual-stack hosts of the same account and region share the credential.
         let fips = p
             .recognise(&reg("123456789012.dkr.ecr-fips.eu-west-1.amazonaws.com"))
@@ -276,7 +373,10 @@ mod tests {
             .unwrap();
         assert_eq!(t.registry(), &proxy);
         assert_eq!(t.param("region"), Some("eu-west-1"));
-        assert_eq!(t.scope(), "default|eu-west-1|123456789012");
+        assert_eq!(
+            t.scope(),
+            format!("default@{}|eu-west-1|123456789012", p.fingerprint())
+        );
     }
 
     #[test]
@@ -286,7 +386,10 @@ mod tests {
         let role = "arn:aws:iam::123456789012:role/puller";
         let t = p.target(&ecr, &opts(&[("role_arn", role)])).unwrap();
         assert_eq!(t.param("role_arn"), Some(role));
-        assert_eq!(t.scope(), format!("{role}|us-east-1|123456789012"));
+        assert_eq!(
+            t.scope(),
+            format!("{role}@{}|us-east-1|123456789012", p.fingerprint())
+        );
         assert_ne!(t.scope(), p.recognise(&ecr).unwrap().scope());
         let public = p
             .target(&reg("public.ecr.aws"), &opts(&[("role_arn", role)]))
@@ -294,6 +397,65 @@ mod tests {
         assert_ne!(
             public.scope(),
             p.recognise(&reg("public.ecr.aws")).unwrap().scope()
+        );
+    }
+
+    #[test]
+    fn the_identity_settings_are_fingerprinted_into_every_scope() {
+        // Different endpoints (or keys, profiles, roles: see IDENTITY_ENV) are different
+        // identities; the fingerprint never holds a value itself.
+        let a = AwsProvider::builder()
+            .endpoint_url("http://127.0.0.1:1")
+            .build();
+        let b = AwsProvider::builder()
+            .endpoint_url("http://127.0.0.1:2")
+            .build();
+        let ecr = reg("123456789012.dkr.ecr.us-east-1.amazonaws.com");
+        let (ta, tb) = (a.recognise(&ecr).unwrap(), b.recognise(&ecr).unwrap());
+        assert_ne!(ta.scope(), tb.scope());
+        assert_eq!(ta.scope(), a.recognise(&ecr).unwrap().scope(), "stable");
+        assert!(!ta.scope().contains("127.0.0.1"), "{}", ta.scope());
+    }
+
+    #[test]
+    fn a_workload_target_names_its_service_account_role_and_web_identity() {
+        use regbroker_provider::test_util::service_account_jwt;
+        let p = AwsProvider::from_env();
+        let ecr = reg("555555555555.dkr.ecr.eu-west-1.amazonaws.com");
+        let role = "arn:aws:iam::111111111111:role/team-a";
+        let w = WorkloadIdentity::from_token(
+            service_account_jwt("team-a", "puller", "u-1").into(),
+            [(
+                crate::web_identity::ECR_ROLE_ANNOTATION.to_string(),
+                role.to_string(),
+            )]
+            .into(),
+        )
+        .unwrap();
+        let t = p
+            .bind_workload(p.recognise(&ecr).unwrap(), w.clone())
+            .unwrap();
+        assert_eq!(
+            t.scope(),
+            format!(
+                "sa=team-a/puller/u-1|web-identity:{role}@{}|eu-west-1|555555555555",
+                p.fingerprint()
+            )
+        );
+        assert_eq!(t.param("role_arn"), Some(role));
+        assert_eq!(t.workload(), Some(&w));
+        // The same role as a rule's `role_arn` (assumed from this process's identity) is
+        // another scope: a workload never reads an entry of this process's own.
+        let rule = p.target(&ecr, &opts(&[("role_arn", role)])).unwrap();
+        assert_ne!(rule.scope(), t.scope());
+        let public = p
+            .bind_workload(p.recognise(&reg("public.ecr.aws")).unwrap(), w)
+            .unwrap();
+        assert_eq!(public.param("kind"), Some("public"));
+        assert!(
+            public
+                .scope()
+                .starts_with("sa=team-a/puller/u-1|web-identity:")
         );
     }
 

@@ -146,6 +146,55 @@ impl Identity {
     }
 }
 
+/// The fingerprint of the identity `env` names, for cache scopes: the credentials file's
+/// `type`, `client_email`, `private_key_id` (a key's id, not the key), `audience`,
+/// `subject_token_type`, `token_url`, `service_account_impersonation_url`,
+/// `universe_domain` and subject token source (its `file` or `url`), or the metadata
+/// server's address. Two key files of different service accounts (or two keys of one)
+/// then never share a cached token, for example through one `REGBROKER_CACHE_DIR`. Reads
+/// the file (at most 64 KiB) without keeping it; a file that cannot be read is
+/// fingerprinted by its path, and the fetch then reports why.
+pub(crate) fn fingerprint(env: &Env) -> String {
+    let metadata_host = env.get(METADATA_HOST_ENV);
+    let Some(path) = env.get(CREDENTIALS_ENV) else {
+        return regbroker_provider::fingerprint(&[
+            ("source", Some("metadata")),
+            (METADATA_HOST_ENV, metadata_host.as_deref()),
+        ]);
+    };
+    let json: Option<serde_json::Value> = std::fs::File::open(&path).ok().and_then(|f| {
+        use std::io::Read;
+        let mut buf = Vec::new();
+        f.take(64 * 1024).read_to_end(&mut buf).ok()?;
+        serde_json::from_slice(&buf).ok()
+    });
+    let Some(json) = json else {
+        return regbroker_provider::fingerprint(&[
+            ("source", Some("unreadable")),
+            (CREDENTIALS_ENV, Some(&path)),
+        ]);
+    };
+    let field = |k: &str| json.get(k).and_then(|v| v.as_str());
+    let source = json.get("credential_source");
+    let source_field = |k: &str| source.and_then(|s| s.get(k)).and_then(|v| v.as_str());
+    regbroker_provider::fingerprint(&[
+        ("source", Some("file")),
+        ("type", field("type")),
+        ("client_email", field("client_email")),
+        ("private_key_id", field("private_key_id")),
+        ("audience", field("audience")),
+        ("subject_token_type", field("subject_token_type")),
+        ("token_url", field("token_url")),
+        (
+            "service_account_impersonation_url",
+            field("service_account_impersonation_url"),
+        ),
+        ("universe_domain", field("universe_domain")),
+        ("credential_source.file", source_field("file")),
+        ("credential_source.url", source_field("url")),
+    ])
+}
+
 async fn load_file(path: &str) -> Result<Source, Error> {
     #[derive(Deserialize)]
     struct Typed {

@@ -58,17 +58,19 @@ pub const USERNAME: &str = "oauth2accesstoken";
 /// The OAuth 2.0 scope requested for service-account and external_account tokens.
 pub const OAUTH_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
 
-/// The cache scope of every target in Google's universe: one credential per process
-/// identity serves every Google registry host. Other universes: [`cache_scope`].
+/// The first part of every target's cache scope: one credential per process identity
+/// serves every registry host of its universe. See [`cache_scope`].
 pub const CACHE_SCOPE: &str = "application-default";
 
-/// The cache scope of targets in `universe`: [`CACHE_SCOPE`] for Google's, else
-/// `application-default@<universe>`, so no two universes ever share a cached token.
-pub fn cache_scope(universe: &str) -> String {
+/// The cache scope of targets in `universe` for the identity whose fingerprint is
+/// `fingerprint`: `application-default:<fingerprint>` in Google's universe, with
+/// `@<universe>` after it in any other, so neither two universes nor two identities
+/// (two key files sharing one disk cache) ever share a cached token.
+pub fn cache_scope(universe: &str, fingerprint: &str) -> String {
     if universe == universe::DEFAULT_UNIVERSE {
-        CACHE_SCOPE.to_string()
+        format!("{CACHE_SCOPE}:{fingerprint}")
     } else {
-        format!("{CACHE_SCOPE}@{universe}")
+        format!("{CACHE_SCOPE}:{fingerprint}@{universe}")
     }
 }
 
@@ -86,6 +88,8 @@ pub struct GcpProvider {
     clock: SharedClock,
     http: HttpSettings,
     identity: OnceCell<Identity>,
+    /// See [`identity::fingerprint`]; computed on first use.
+    fingerprint: std::sync::OnceLock<String>,
 }
 
 impl fmt::Debug for GcpProvider {
@@ -108,6 +112,17 @@ impl GcpProvider {
     /// A builder for explicit settings (tests, embedding).
     pub fn builder() -> Builder {
         Builder::default()
+    }
+
+    fn fingerprint(&self) -> &str {
+        self.fingerprint
+            .get_or_init(|| identity::fingerprint(&self.env))
+    }
+
+    fn target_in(&self, registry: &Registry, kind: &str, universe: &str) -> Target {
+        Target::new(registry.clone(), cache_scope(universe, self.fingerprint()))
+            .with_param("host_kind", kind)
+            .with_param(UNIVERSE_PARAM, universe)
     }
 
     async fn fetch_credential(&self, target: &Target) -> Result<Credential, Error> {
@@ -186,6 +201,7 @@ impl Builder {
             clock: self.clock.unwrap_or_else(system_clock),
             http: self.http.unwrap_or_default(),
             identity: OnceCell::new(),
+            fingerprint: std::sync::OnceLock::new(),
         }
     }
 }
@@ -197,7 +213,7 @@ impl Provider for GcpProvider {
 
     fn recognise(&self, registry: &Registry) -> Option<Target> {
         let kind = hosts::classify(registry)?;
-        Some(target_in(registry, kind.as_str(), kind.universe()))
+        Some(self.target_in(registry, kind.as_str(), kind.universe()))
     }
 
     fn check_options(&self, options: &Options) -> Result<(), String> {
@@ -224,7 +240,7 @@ impl Provider for GcpProvider {
             (None, Some(d)) => d.to_string(),
             (None, None) => universe::DEFAULT_UNIVERSE.to_string(),
         };
-        Ok(target_in(registry, kind, &universe))
+        Ok(self.target_in(registry, kind, &universe))
     }
 
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
@@ -251,12 +267,6 @@ impl Provider for GcpProvider {
     }
 }
 
-fn target_in(registry: &Registry, kind: &str, universe: &str) -> Target {
-    Target::new(registry.clone(), cache_scope(universe))
-        .with_param("host_kind", kind)
-        .with_param(UNIVERSE_PARAM, universe)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,10 +278,14 @@ mod tests {
     #[test]
     fn s3ns_never_shares_a_cache_scope_with_google() {
         let p = GcpProvider::builder().env([("X", "Y")]).build();
+        let google = cache_scope(universe::DEFAULT_UNIVERSE, p.fingerprint());
         let s3ns = p.recognise(&reg("docker.s3nsregistry.fr")).unwrap();
-        assert_eq!(s3ns.scope(), "application-default@s3nsapis.fr");
+        assert_eq!(
+            s3ns.scope(),
+            format!("application-default:{}@s3nsapis.fr", p.fingerprint())
+        );
         assert_eq!(s3ns.param("universe_domain"), Some("s3nsapis.fr"));
-        assert_ne!(s3ns.scope(), CACHE_SCOPE);
+        assert_ne!(s3ns.scope(), google);
         // An explicit rule to another S3NS host lands in S3NS's scope by its domain...
         let regional = p
             .target(
@@ -289,7 +303,7 @@ mod tests {
         let custom = p
             .target(&reg("images.example.com"), &Options::new())
             .unwrap();
-        assert_eq!(custom.scope(), CACHE_SCOPE);
+        assert_eq!(custom.scope(), google);
         o.insert("universe_domain".into(), "s3nsapis.fr".into());
         let custom = p.target(&reg("images.example.com"), &o).unwrap();
         assert_eq!(custom.scope(), s3ns.scope());
@@ -300,6 +314,7 @@ mod tests {
     #[test]
     fn every_google_host_shares_one_cache_scope() {
         let p = GcpProvider::builder().env([("X", "Y")]).build();
+        let google = cache_scope(universe::DEFAULT_UNIVERSE, p.fingerprint());
         let scopes: Vec<String> = [
             "gcr.io",
             "eu.gcr.io",
@@ -314,12 +329,69 @@ mod tests {
                 .to_string()
         })
         .collect();
-        assert!(scopes.iter().all(|s| s == CACHE_SCOPE), "{scopes:?}");
+        assert!(scopes.iter().all(|s| *s == google), "{scopes:?}");
         let custom = p
             .target(&reg("registry.example.com:8443"), &Options::new())
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(custom.scope(), CACHE_SCOPE);
+        assert_eq!(custom.scope(), google);
         assert_eq!(custom.param("host_kind"), Some("custom"));
+    }
+
+    #[test]
+    fn two_identities_never_share_a_cache_scope() {
+        // Tried as a new user would: two service-account key files sharing one
+        // REGBROKER_CACHE_DIR got each other's tokens while every scope was
+        // `application-default`. The scope now names the identity (client email and key
+        // id), and never the private key.
+        let dir = tempfile::tempdir().unwrap();
+        let key = |email: &str, key_id: &str, private: &str| {
+            let path = dir.path().join(format!("{email}-{key_id}.json"));
+            std::fs::write(
+                &path,
+                serde_json::json!({
+                    "type": "service_account",
+                    "client_email": email,
+                    "private_key_id": key_id,
+                    "private_key": private,
+                    "token_uri": "https://oauth2.googleapis.com/token",
+                })
+                .to_string(),
+            )
+            .unwrap();
+            path.display().to_string()
+        };
+        let scope_of = |path: &str| {
+            let p = GcpProvider::builder()
+                .env([(CREDENTIALS_ENV, path)])
+                .build();
+            p.recognise(&reg("europe-docker.pkg.dev"))
+                .unwrap()
+                .scope()
+                .to_string()
+        };
+        let a = scope_of(&key("a@p.iam.gserviceaccount.com", "k1", "PRIVATE-A"));
+        let b = scope_of(&key("b@p.iam.gserviceaccount.com", "k1", "PRIVATE-B"));
+        let a2 = scope_of(&key("a@p.iam.gserviceaccount.com", "k2", "PRIVATE-A2"));
+        assert_ne!(a, b, "two service accounts");
+        assert_ne!(a, a2, "two keys of one service account");
+        // The same identity from a copy of its file shares the scope.
+        let copy = dir.path().join("copy.json");
+        std::fs::copy(key("a@p.iam.gserviceaccount.com", "k1", "PRIVATE-A"), &copy).unwrap();
+        assert_eq!(a, scope_of(&copy.display().to_string()));
+        for s in [&a, &b, &a2] {
+            assert!(!s.contains("PRIVATE"), "{s}");
+        }
+        // The metadata server at another address is another identity too.
+        let m1 = GcpProvider::builder()
+            .env([(METADATA_HOST_ENV, "127.0.0.1:1")])
+            .build();
+        let m2 = GcpProvider::builder()
+            .env([(METADATA_HOST_ENV, "127.0.0.1:2")])
+            .build();
+        assert_ne!(
+            m1.recognise(&reg("gcr.io")).unwrap().scope(),
+            m2.recognise(&reg("gcr.io")).unwrap().scope()
+        );
     }
 
     #[test]
