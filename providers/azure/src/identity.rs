@@ -172,7 +172,7 @@ pub(crate) struct SdkSettings {
 }
 
 impl SdkSettings {
-    fn client_options(&self, authority_host: &str) -> ClientOptions {
+    pub(crate) fn client_options(&self, authority_host: &str) -> ClientOptions {
         let mut custom = CustomConfiguration::default();
         custom.authority_host = authority_host.to_string();
         ClientOptions {

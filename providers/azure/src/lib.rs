@@ -19,6 +19,10 @@
 //!
 //! Rule options: `tenant`, `client_id`, `scope`, `authority_host`, `exchange_url`,
 //! `service` (see [`OPTIONS`] and the README).
+//!
+//! A workload's own identity (a ServiceAccount token and its client id annotation, from
+//! the kubelet or a Secret's entry) is asserted to Entra ID for that client id, then
+//! exchanged at ACR: see [`workload`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -33,6 +37,7 @@ mod options;
 mod provider;
 #[cfg(test)]
 mod test_support;
+pub mod workload;
 
 use std::time::Duration;
 

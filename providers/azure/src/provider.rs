@@ -18,7 +18,7 @@ use azure_core::credentials::TokenCredential;
 use azure_core::http::{HttpClient, RetryOptions};
 use regbroker_provider::{
     BoxFuture, Credential, Diagnosis, Error, IdentityKind, Options, Provider, Registry,
-    SecretString, SharedClock, Target,
+    SecretString, SharedClock, Target, WorkloadIdentity,
 };
 
 use crate::http::Http;
@@ -186,16 +186,45 @@ impl AzureProvider {
         if let Some(c) = map.get(id) {
             return Ok(c.clone());
         }
-        let sdk = identity::SdkSettings {
+        let c = identity::build(id, &self.env, &self.sdk_settings()?)?;
+        map.insert(id.clone(), c.clone());
+        Ok(c)
+    }
+
+    fn sdk_settings(&self) -> Result<identity::SdkSettings, Error> {
+        Ok(identity::SdkSettings {
             transport: match &self.sdk_http {
                 Some(t) => t.clone(),
                 None => Arc::new(self.http()?),
             },
             retry: self.retry.clone(),
-        };
-        let c = identity::build(id, &self.env, &sdk)?;
-        map.insert(id.clone(), c.clone());
-        Ok(c)
+        })
+    }
+
+    /// [`Provider::bind_workload`] for Azure: the same registry, authority, scope and
+    /// exchange, with the workload's client id and tenant (see [`crate::workload`]).
+    fn bind(&self, target: Target, workload: WorkloadIdentity) -> Result<Target, Error> {
+        let (client_id, tenant) =
+            crate::workload::client_of(&workload, self.env.get(identity::AZURE_TENANT_ID))?;
+        let param = |k: &str| target.param(k).unwrap_or_default().to_string();
+        let (authority, scope, service, exchange) = (
+            param(P_AUTHORITY),
+            param(P_SCOPE),
+            param(P_SERVICE),
+            param(P_EXCHANGE_URL),
+        );
+        let cache_scope = format!(
+            "workload|authority={authority}|tenant={tenant}|client_id={client_id}|scope={scope}|service={service}|exchange={exchange}"
+        );
+        Ok(Target::new(target.registry().clone(), cache_scope)
+            .with_param(P_KIND, Kind::Workload.as_str())
+            .with_param(P_AUTHORITY, authority)
+            .with_param(P_SCOPE, scope)
+            .with_param(P_EXCHANGE_URL, exchange)
+            .with_param(P_SERVICE, service)
+            .with_param(P_TENANT, tenant)
+            .with_param(P_CLIENT_ID, client_id)
+            .for_workload(workload))
     }
 
     /// Fetches a credential for `target`: Entra ID token, then the ACR exchange.
@@ -249,7 +278,22 @@ impl AzureProvider {
             client_id: param(P_CLIENT_ID),
         };
 
-        let credential = self.credential(&id)?;
+        // A workload's own identity: its token asserted for its client id, with an SDK
+        // credential of its own (never this process's, never kept for another).
+        let credential = match target.workload() {
+            Some(w) => {
+                let (Some(tenant), Some(client_id)) = (&id.tenant, &id.client_id) else {
+                    return Err(Error::invalid_config(
+                        "a workload target without a tenant or client id (not bound by the azure provider)",
+                    ));
+                };
+                let options = azure_identity::ClientAssertionCredentialOptions {
+                    client_options: self.sdk_settings()?.client_options(&id.authority_host),
+                };
+                crate::workload::credential(w, tenant, client_id, options)?
+            }
+            None => self.credential(&id)?,
+        };
         let token = credential
             .get_token(&[scope.as_str()], None)
             .await
@@ -295,6 +339,10 @@ impl Provider for AzureProvider {
         let opts = RuleOptions::parse(options).map_err(Error::invalid_config)?;
         let cloud = host::cloud_of_suffix(registry.host());
         Ok(self.make_target(registry, cloud, &opts))
+    }
+
+    fn bind_workload(&self, target: Target, workload: WorkloadIdentity) -> Result<Target, Error> {
+        self.bind(target, workload)
     }
 
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {

@@ -576,3 +576,129 @@ async fn managed_identity_child() {
     );
     println!("{CHILD_OK}");
 }
+
+/// A ServiceAccount token as the API server issues it for Entra ID (audience
+/// `api://AzureADTokenExchange`), unsigned: the fake Entra ID reads its claims.
+fn workload_token(namespace: &str) -> String {
+    regbroker_provider::test_util::jwt(&serde_json::json!({
+        "aud": [regbroker_azure::workload::AUDIENCE],
+        "iss": "https://kubernetes.default.svc.cluster.local",
+        "sub": format!("system:serviceaccount:{namespace}:puller"),
+        "kubernetes.io": {"namespace": namespace, "serviceaccount": {"name": "puller", "uid": "u-1"}},
+    }))
+}
+
+fn workload(token: &str, annotations: &[(&str, &str)]) -> regbroker_provider::WorkloadIdentity {
+    regbroker_provider::WorkloadIdentity::from_token(
+        token.to_string().into(),
+        annotations
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+    .unwrap()
+}
+
+/// Per-workload identity (issue 15): the workload's ServiceAccount token is the client
+/// assertion, for the client id and tenant of its annotations; this process's own
+/// identity (here a client secret) is never used for it. Entra ID is a fake (no emulator
+/// exists): it records what it was sent, and this test checks the assertion is that
+/// ServiceAccount's token, for Entra ID's audience.
+#[tokio::test]
+async fn a_workloads_own_token_is_the_client_assertion_for_its_annotated_client() {
+    use regbroker_azure::workload::{ACR_CLIENT_ID_ANNOTATION, TENANT_ID_ANNOTATION};
+    let s = scenario(true).await;
+    let token = workload_token("team-a");
+    s.running
+        .fake
+        .accepted_assertions
+        .lock()
+        .unwrap()
+        .push(token.clone());
+    let w = workload(
+        &token,
+        &[
+            (ACR_CLIENT_ID_ANNOTATION, CLIENT_ID),
+            (TENANT_ID_ANNOTATION, TENANT),
+        ],
+    );
+    let target = s
+        .provider
+        .bind_workload(s.provider.recognise(&registry()).unwrap(), w.clone())
+        .unwrap();
+    assert!(
+        target.scope().starts_with("sa=team-a/puller/u-1|workload|"),
+        "{}",
+        target.scope()
+    );
+    assert!(target.scope().contains(CLIENT_ID));
+    let cred = s.provider.fetch(&target).await.expect("credential");
+    assert_eq!(
+        cred.secret().expose_secret(),
+        s.running.fake.refresh_token()
+    );
+    let forms = s.running.fake.aad_forms.lock().unwrap().clone();
+    let form = forms.last().unwrap();
+    assert_eq!(
+        form.get("client_assertion"),
+        Some(&token),
+        "the workload's own token"
+    );
+    assert_eq!(form.get("client_id").map(String::as_str), Some(CLIENT_ID));
+    assert!(
+        form.get("client_secret").is_none(),
+        "never this process's secret"
+    );
+    let claims = regbroker_provider::diagnosis::Claims::of_jwt(&token).unwrap();
+    assert_eq!(
+        claims.subject.as_deref(),
+        Some("system:serviceaccount:team-a:puller")
+    );
+    assert_eq!(claims.audiences, vec![regbroker_azure::workload::AUDIENCE]);
+    assert_eq!(
+        s.running
+            .fake
+            .aad_tenants
+            .lock()
+            .unwrap()
+            .last()
+            .map(String::as_str),
+        Some(TENANT)
+    );
+
+    // Another workload whose token Entra ID does not federate: refused, and not served
+    // team-a's credential nor this process's.
+    let other = workload(
+        &workload_token("team-b"),
+        &[
+            (ACR_CLIENT_ID_ANNOTATION, CLIENT_ID),
+            (TENANT_ID_ANNOTATION, TENANT),
+        ],
+    );
+    let target = s
+        .provider
+        .bind_workload(s.provider.recognise(&registry()).unwrap(), other)
+        .unwrap();
+    let e = s.provider.fetch(&target).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::IdentityRejected, "{e}");
+    assert_no_secret_in_error(&s, &e);
+    assert!(!e.chain().contains(&token), "{}", e.chain());
+}
+
+#[tokio::test]
+async fn a_workload_without_a_client_id_is_an_error_never_this_processs_identity() {
+    let s = scenario(true).await;
+    let e = s
+        .provider
+        .bind_workload(
+            s.provider.recognise(&registry()).unwrap(),
+            workload(&workload_token("team-a"), &[]),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::IdentityMissing, "{e}");
+    assert!(
+        e.message().contains("azure.workload.identity/client-id"),
+        "{e}"
+    );
+    assert_eq!(s.running.fake.aad_calls.load(Ordering::SeqCst), 0);
+}
