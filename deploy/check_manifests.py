@@ -178,6 +178,12 @@ def check_credential_provider_config(path, c):
 # accepts, and the annotation keys regbroker reads for it.
 TOKEN_AUDIENCES = {
     "sts.amazonaws.com": {"eks.amazonaws.com/ecr-role-arn", "eks.amazonaws.com/role-arn"},
+    "api://AzureADTokenExchange": {
+        "kubernetes.azure.com/acr-client-id",
+        "kubernetes.azure.com/acr-tenant-id",
+        "azure.workload.identity/client-id",
+        "azure.workload.identity/tenant-id",
+    },
 }
 
 
