@@ -90,6 +90,8 @@ enum Source {
         url: reqwest::Url,
         headers: BTreeMap<String, String>,
     },
+    /// A workload's own ServiceAccount token, handed over with the request.
+    Given(SecretString),
 }
 
 /// How the subject token is written: the whole body, or one field of a JSON object.
@@ -207,6 +209,29 @@ impl ExternalAccount {
         })
     }
 
+    /// A workload's own federation (issue 15): its ServiceAccount `token` exchanged at
+    /// `token_url` for `audience` (the workload identity provider), then, with
+    /// `impersonation`, a `generateAccessToken` for that Google service account.
+    pub(crate) fn for_workload(
+        audience: String,
+        token_url: reqwest::Url,
+        impersonation: Option<reqwest::Url>,
+        universe: String,
+        token: SecretString,
+    ) -> ExternalAccount {
+        ExternalAccount {
+            audience,
+            subject_token_type: "urn:ietf:params:oauth:token-type:jwt".to_string(),
+            token_url,
+            source: Source::Given(token),
+            format: TokenFormat::Text,
+            impersonation: impersonation.map(|u| (u, DEFAULT_IMPERSONATION_LIFETIME)),
+            client: None,
+            workforce_pool_user_project: None,
+            universe,
+        }
+    }
+
     /// The `audience` of the credentials file (the workload identity provider).
     pub(crate) fn audience(&self) -> &str {
         &self.audience
@@ -216,7 +241,7 @@ impl ExternalAccount {
     pub(crate) fn token_file(&self) -> Option<&str> {
         match &self.source {
             Source::File(f) => Some(f),
-            Source::Url { .. } => None,
+            Source::Url { .. } | Source::Given(_) => None,
         }
     }
 
@@ -270,6 +295,7 @@ impl ExternalAccount {
         settings: &HttpSettings,
     ) -> Result<SecretString, Error> {
         let (raw, what) = match &self.source {
+            Source::Given(token) => return Ok(token.clone()),
             Source::File(path) => {
                 let what = format!("subject token file {path}");
                 let raw = tokio::fs::read(path).await.map_err(|e| {

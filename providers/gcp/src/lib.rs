@@ -34,6 +34,7 @@ mod service_account;
 mod token;
 pub mod universe;
 mod url;
+pub mod workload;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -80,7 +81,7 @@ pub fn cache_scope(universe: &str, fingerprint: &str) -> String {
 pub const KNOWN_OPTIONS: &[&str] = &["universe_domain"];
 
 /// The target parameter naming the universe whose token a target may receive.
-const UNIVERSE_PARAM: &str = "universe_domain";
+pub(crate) const UNIVERSE_PARAM: &str = "universe_domain";
 
 /// The Google Artifact Registry and Container Registry provider.
 pub struct GcpProvider {
@@ -88,6 +89,8 @@ pub struct GcpProvider {
     clock: SharedClock,
     http: HttpSettings,
     identity: OnceCell<Identity>,
+    /// HTTP clients for workload federation (Google APIs: proxied; loopback: direct).
+    workload_clients: std::sync::OnceLock<(reqwest::Client, reqwest::Client)>,
     /// See [`identity::fingerprint`]; computed on first use.
     fingerprint: std::sync::OnceLock<String>,
 }
@@ -125,7 +128,47 @@ impl GcpProvider {
             .with_param(UNIVERSE_PARAM, universe)
     }
 
+    /// A workload's own federation (see [`workload`]): never this process's identity.
+    async fn fetch_for_workload(
+        &self,
+        target: &Target,
+        w: &regbroker_provider::WorkloadIdentity,
+    ) -> Result<Credential, Error> {
+        let universe = target
+            .param(UNIVERSE_PARAM)
+            .unwrap_or(universe::DEFAULT_UNIVERSE);
+        let federation = workload::federation(&self.env, target, w, universe)?;
+        let (api, local) = match self.workload_clients.get() {
+            Some(c) => c,
+            None => {
+                let built = (
+                    http::client(&self.http, true)?,
+                    http::client(&self.http, false)?,
+                );
+                self.workload_clients.get_or_init(|| built)
+            }
+        };
+        let token = federation
+            .token(api, local, &self.http, &self.clock, OAUTH_SCOPE)
+            .await?;
+        tracing::debug!(
+            registry = %target.registry(),
+            service_account = %w.service_account(),
+            identity = %federation.describe(),
+            "Fetched Google access token for a workload"
+        );
+        Ok(Credential::issued(
+            USERNAME,
+            token.secret,
+            Some(token.expires_at),
+            self.clock.now(),
+        ))
+    }
+
     async fn fetch_credential(&self, target: &Target) -> Result<Credential, Error> {
+        if let Some(w) = target.workload() {
+            return self.fetch_for_workload(target, w).await;
+        }
         let identity = self
             .identity
             .get_or_try_init(|| Identity::load(&self.env, &self.http))
@@ -201,6 +244,7 @@ impl Builder {
             clock: self.clock.unwrap_or_else(system_clock),
             http: self.http.unwrap_or_default(),
             identity: OnceCell::new(),
+            workload_clients: std::sync::OnceLock::new(),
             fingerprint: std::sync::OnceLock::new(),
         }
     }
@@ -241,6 +285,18 @@ impl Provider for GcpProvider {
             (None, None) => universe::DEFAULT_UNIVERSE.to_string(),
         };
         Ok(self.target_in(registry, kind, &universe))
+    }
+
+    fn bind_workload(
+        &self,
+        target: Target,
+        workload: regbroker_provider::WorkloadIdentity,
+    ) -> Result<Target, Error> {
+        let universe = target
+            .param(UNIVERSE_PARAM)
+            .unwrap_or(universe::DEFAULT_UNIVERSE)
+            .to_string();
+        workload::bind(target, workload, &universe)
     }
 
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {

@@ -1,0 +1,184 @@
+//! A workload's own identity on Google Cloud: its ServiceAccount token exchanged at the
+//! STS of its universe (workload identity federation), then, when the ServiceAccount names
+//! a Google service account, `generateAccessToken` for that account. This is what Flux
+//! (RFC-0010) does.
+//!
+//! Annotations read from the ServiceAccount:
+//! - `gcp.auth.fluxcd.io/workload-identity-provider` (required): the provider resource,
+//!   `projects/<number>/locations/global/workloadIdentityPools/<pool>/providers/<provider>`;
+//!   the STS audience is `//iam.<universe>/` followed by it. GKE's own pool (audience
+//!   `identitynamespace:<project>.svc.id.goog:...`) is not detected yet: name the
+//!   provider explicitly;
+//! - `iam.gke.io/gcp-service-account` (optional): the Google service account to
+//!   impersonate. Without it the federated token itself is the registry credential (the
+//!   principal of the ServiceAccount needs `roles/artifactregistry.reader`).
+//!
+//! Env vars (tests, proxies): `REGBROKER_GCP_STS_URL` replaces `https://sts.<universe>/v1/token`,
+//! `REGBROKER_GCP_IAM_CREDENTIALS_URL` replaces `https://iamcredentials.<universe>`; both
+//! https, or http to loopback.
+
+use regbroker_provider::{Error, Target, WorkloadIdentity};
+
+use crate::identity::Env;
+use crate::url::checked_endpoint;
+
+/// Flux's annotation naming the workload identity provider.
+pub const PROVIDER_ANNOTATION: &str = "gcp.auth.fluxcd.io/workload-identity-provider";
+/// GKE's annotation naming the Google service account to act as.
+pub const SERVICE_ACCOUNT_ANNOTATION: &str = "iam.gke.io/gcp-service-account";
+/// Env var replacing the STS token endpoint.
+pub const STS_URL_ENV: &str = "REGBROKER_GCP_STS_URL";
+/// Env var replacing the IAM Credentials base URL.
+pub const IAM_CREDENTIALS_URL_ENV: &str = "REGBROKER_GCP_IAM_CREDENTIALS_URL";
+
+pub(crate) const P_PROVIDER: &str = "workload_identity_provider";
+pub(crate) const P_SERVICE_ACCOUNT: &str = "gcp_service_account";
+
+/// `target` bound to `workload`: the provider and service account from its annotations,
+/// checked, in the scope and the parameters.
+pub(crate) fn bind(
+    target: Target,
+    workload: WorkloadIdentity,
+    universe: &str,
+) -> Result<Target, Error> {
+    let sa = workload.service_account();
+    let provider = match workload.annotation(PROVIDER_ANNOTATION) {
+        Some(p) if is_provider(p) => p.to_string(),
+        Some(p) => {
+            return Err(Error::invalid_config(format!(
+                "ServiceAccount {sa}: annotation {PROVIDER_ANNOTATION} = `{}` is not a workload identity provider (projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER)",
+                shown(p)
+            )));
+        }
+        None => {
+            return Err(Error::identity_missing(format!(
+                "ServiceAccount {sa} has no {PROVIDER_ANNOTATION}: annotate it with the workload identity provider that trusts this cluster's issuer (GKE's own pool is not detected yet)"
+            )));
+        }
+    };
+    let email = match workload.annotation(SERVICE_ACCOUNT_ANNOTATION) {
+        None => None,
+        Some(e) if is_email(e) => Some(e.to_string()),
+        Some(e) => {
+            return Err(Error::invalid_config(format!(
+                "ServiceAccount {sa}: annotation {SERVICE_ACCOUNT_ANNOTATION} = `{}` is not a service account email",
+                shown(e)
+            )));
+        }
+    };
+    let scope = format!(
+        "wif={provider}|as={}@{universe}",
+        email.as_deref().unwrap_or("-")
+    );
+    let mut t = Target::new(target.registry().clone(), scope).with_param(P_PROVIDER, provider);
+    for (k, v) in ["host_kind", crate::UNIVERSE_PARAM]
+        .iter()
+        .filter_map(|k| target.param(k).map(|v| (*k, v.to_string())))
+    {
+        t = t.with_param(k, v);
+    }
+    if let Some(e) = email {
+        t = t.with_param(P_SERVICE_ACCOUNT, e);
+    }
+    Ok(t.for_workload(workload))
+}
+
+/// The federation for a bound target: STS and IAM Credentials endpoints of `universe`
+/// (or the env's overrides), the audience of its provider.
+pub(crate) fn federation(
+    env: &Env,
+    target: &Target,
+    workload: &WorkloadIdentity,
+    universe: &str,
+) -> Result<crate::external_account::ExternalAccount, Error> {
+    let provider = target.param(P_PROVIDER).ok_or_else(|| {
+        Error::invalid_config(
+            "a workload target without a provider (not bound by the gcp provider)",
+        )
+    })?;
+    let sts = env
+        .get(STS_URL_ENV)
+        .unwrap_or_else(|| crate::universe::endpoint("sts", universe, "/v1/token"));
+    let sts = checked_endpoint(&sts, STS_URL_ENV)?;
+    let impersonation = match target.param(P_SERVICE_ACCOUNT) {
+        None => None,
+        Some(email) => {
+            let base = env
+                .get(IAM_CREDENTIALS_URL_ENV)
+                .unwrap_or_else(|| crate::universe::endpoint("iamcredentials", universe, ""));
+            let url = format!(
+                "{}/v1/projects/-/serviceAccounts/{email}:generateAccessToken",
+                base.trim_end_matches('/')
+            );
+            Some(checked_endpoint(&url, IAM_CREDENTIALS_URL_ENV)?)
+        }
+    };
+    Ok(crate::external_account::ExternalAccount::for_workload(
+        format!("//iam.{universe}/{provider}"),
+        sts,
+        impersonation,
+        universe.to_string(),
+        workload.token().clone(),
+    ))
+}
+
+/// `projects/<digits>/locations/global/workloadIdentityPools/<id>/providers/<id>`.
+fn is_provider(s: &str) -> bool {
+    let id = |x: &str| {
+        (4..=32).contains(&x.len())
+            && x.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    let parts: Vec<&str> = s.split('/').collect();
+    matches!(
+        parts.as_slice(),
+        ["projects", number, "locations", "global", "workloadIdentityPools", pool, "providers", provider]
+            if !number.is_empty() && number.len() <= 20 && number.bytes().all(|b| b.is_ascii_digit())
+                && id(pool) && id(provider)
+    )
+}
+
+/// `name@domain`, as Google service account emails are (lower-case letters, digits, `-`,
+/// `.`), no more than 254 characters.
+fn is_email(s: &str) -> bool {
+    let ok = |p: &str| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    };
+    s.len() <= 254
+        && matches!(s.split_once('@'), Some((name, domain)) if ok(name) && ok(domain) && domain.contains('.'))
+}
+
+fn shown(v: &str) -> String {
+    v.chars()
+        .take(80)
+        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn provider_names_and_emails_are_checked() {
+        assert!(is_provider(
+            "projects/123456789/locations/global/workloadIdentityPools/my-pool/providers/eks-a"
+        ));
+        for bad in [
+            "projects/p/locations/global/workloadIdentityPools/my-pool/providers/eks-a",
+            "projects/1/locations/us/workloadIdentityPools/my-pool/providers/eks-a",
+            "projects/1/locations/global/workloadIdentityPools/my-pool/providers/eks-a/x",
+            "projects/1/locations/global/workloadIdentityPools/p/providers/eks-a",
+            "//iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/my-pool/providers/eks-a",
+        ] {
+            assert!(!is_provider(bad), "{bad}");
+        }
+        assert!(is_email("puller@my-project.iam.gserviceaccount.com"));
+        for bad in ["puller", "a@b", "A@b.c", "a b@c.d", "a@b.c/../x"] {
+            assert!(!is_email(bad), "{bad}");
+        }
+    }
+}
