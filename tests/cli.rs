@@ -173,6 +173,53 @@ fn invalid_configuration_exits_64_naming_file_and_line() {
 }
 
 #[test]
+fn a_secret_naming_another_namespaces_service_account_exits_64_at_start_up() {
+    // Issue 15.6: a tenant's Secret may only use a ServiceAccount of its own namespace;
+    // refused before anything connects (no cluster here), naming the entry.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("tenants.toml");
+    std::fs::write(
+        &cfg,
+        "[[secret]]\nnamespace = \"team-a\"\nname = \"pull\"\nregistries = [\"a.example.com\"]\nservice_account = \"team-b/puller\"\n",
+    )
+    .unwrap();
+    let out = regbroker(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("team-a/pull"), "{stderr}");
+    assert!(stderr.contains("team-b/puller"), "{stderr}");
+    assert!(stderr.contains("line 2"), "{stderr}");
+
+    // The same Secret in --sync-secret and in the file: named once, or refused.
+    std::fs::write(
+        &cfg,
+        "[[secret]]\nnamespace = \"team-a\"\nname = \"pull\"\nregistries = [\"a.example.com\"]\n",
+    )
+    .unwrap();
+    let out = regbroker(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--sync-secret",
+        "team-a/pull",
+    ]);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("name it once"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
 fn misordered_leader_election_timings_exit_64_naming_the_flags() {
     let base = [
         "serve",

@@ -58,6 +58,7 @@ async fn deployed_rbac(cp: &ControlPlane) -> Tenancy {
 fn config(namespace: &str) -> Config {
     Config {
         secrets: vec![format!("{namespace}/{SECRET}").parse().unwrap()],
+        entries: Vec::new(),
         extra: vec![Registry::parse("named.fake.test").unwrap()],
     }
 }

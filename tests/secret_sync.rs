@@ -213,6 +213,7 @@ fn sref(s: &str) -> SecretRef {
 fn config(secrets: &[&str]) -> Config {
     Config {
         secrets: secrets.iter().map(|s| sref(s)).collect(),
+        entries: Vec::new(),
         extra: vec![Registry::parse("named.fake.test").unwrap()],
     }
 }

@@ -18,6 +18,12 @@
 //! match = "ecr-proxy.example.com"
 //! source = "aws"
 //! options = { region = "eu-west-1", account = "123456789012" }
+//!
+//! [[secret]]                 # a Secret `serve` keeps (besides --sync-secret)
+//! namespace = "team-a"
+//! name = "regbroker-pull"
+//! registries = ["111111111111.dkr.ecr.eu-west-1.amazonaws.com"]  # only these
+//! service_account = "puller" # optional: its identity, not the pod's; same namespace
 //! ```
 //!
 //! TOML was chosen over YAML because the `toml` crate is maintained by the cargo team and
@@ -50,6 +56,32 @@ struct File {
     cache: cache::Config,
     #[serde(default, rename = "rule")]
     rules: Vec<RawRule>,
+    #[serde(default, rename = "secret")]
+    secrets: Vec<RawSecret>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSecret {
+    namespace: toml::Spanned<String>,
+    name: String,
+    registries: Vec<String>,
+    #[serde(default)]
+    service_account: Option<String>,
+}
+
+/// A Secret declared in the config file: the registries it holds (only these), and the
+/// ServiceAccount whose own identity fetches them, if any (else the pod's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretEntry {
+    /// The Secret's namespace.
+    pub namespace: String,
+    /// The Secret's name.
+    pub name: String,
+    /// The registries written into it, and no other.
+    pub registries: Vec<regbroker_provider::Registry>,
+    /// A ServiceAccount of the Secret's own namespace, by name.
+    pub service_account: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -69,6 +101,8 @@ pub struct Config {
     pub cache: cache::Config,
     /// Routing rules.
     pub router: Router,
+    /// Secrets to keep (`[[secret]]`).
+    pub secrets: Vec<SecretEntry>,
 }
 
 /// Reads and validates `path` against the providers compiled in.
@@ -133,9 +167,81 @@ pub fn parse(text: &str, providers: &Providers) -> Result<Config, String> {
         }
         rules.push(Rule { pattern, source });
     }
+    let mut secrets: Vec<SecretEntry> = Vec::with_capacity(file.secrets.len());
+    for raw in file.secrets {
+        let line = line_of(raw.namespace.span().start);
+        let entry = secret_entry(raw)
+            .map_err(|(what, msg)| format!("secret at line {line} ({what}): {msg}"))?;
+        if secrets
+            .iter()
+            .any(|s| s.namespace == entry.namespace && s.name == entry.name)
+        {
+            return Err(format!(
+                "secret at line {line} ({}/{}): declared twice",
+                entry.namespace, entry.name
+            ));
+        }
+        secrets.push(entry);
+    }
     Ok(Config {
         cache: file.cache,
         router: Router::new(rules),
+        secrets,
+    })
+}
+
+/// Checks one `[[secret]]`; the error is (the entry, what is wrong).
+fn secret_entry(raw: RawSecret) -> Result<SecretEntry, (String, String)> {
+    let namespace = raw.namespace.into_inner();
+    let what = format!("{namespace}/{}", raw.name);
+    let fail = |msg: String| (what.clone(), msg);
+    // The provider API's ServiceAccount check is the Kubernetes name check.
+    regbroker_provider::ServiceAccount::new(namespace.clone(), raw.name.clone(), None)
+        .map_err(|e| fail(e.message().replace("ServiceAccount ", "Secret ")))?;
+    if namespace.contains('.') || namespace.len() > 63 {
+        return Err(fail(format!(
+            "namespace `{namespace}` is not a DNS-1123 label"
+        )));
+    }
+    if raw.registries.is_empty() {
+        return Err(fail(
+            "`registries` is empty: list the registries this Secret holds".into(),
+        ));
+    }
+    let mut registries = Vec::with_capacity(raw.registries.len());
+    for r in &raw.registries {
+        let registry = regbroker_provider::Registry::parse(r).map_err(|e| {
+            fail(format!(
+                "registry {:?}: {e}",
+                r.chars().take(80).collect::<String>()
+            ))
+        })?;
+        if !registries.contains(&registry) {
+            registries.push(registry);
+        }
+    }
+    let service_account = match raw.service_account {
+        None => None,
+        Some(sa) => {
+            let (sa_ns, sa_name) = match sa.split_once('/') {
+                Some((n, a)) => (n.to_string(), a.to_string()),
+                None => (namespace.clone(), sa.clone()),
+            };
+            if sa_ns != namespace {
+                return Err(fail(format!(
+                    "service_account `{sa_ns}/{sa_name}` is in namespace {sa_ns}: a Secret may only use a ServiceAccount of its own namespace ({namespace}), or one tenant could act as another"
+                )));
+            }
+            regbroker_provider::ServiceAccount::new(sa_ns, sa_name.clone(), None)
+                .map_err(|e| fail(format!("service_account: {}", e.message())))?;
+            Some(sa_name)
+        }
+    };
+    Ok(SecretEntry {
+        namespace,
+        name: raw.name,
+        registries,
+        service_account,
     })
 }
 
@@ -247,6 +353,61 @@ source = "none"
             &Providers::builtin(),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn secrets_are_parsed_with_their_registries_and_service_account() {
+        let c = parse(
+            "[[secret]]\nnamespace = \"team-a\"\nname = \"pull\"\nregistries = [\"a.example.com\", \"https://b.example.com/v2/\"]\nservice_account = \"puller\"\n\n\
+             [[secret]]\nnamespace = \"team-b\"\nname = \"pull\"\nregistries = [\"a.example.com\"]\nservice_account = \"team-b/puller\"\n",
+            &Providers::builtin(),
+        )
+        .unwrap();
+        assert_eq!(c.secrets.len(), 2);
+        assert_eq!(c.secrets[0].registries.len(), 2);
+        assert_eq!(c.secrets[0].registries[1].as_str(), "b.example.com");
+        assert_eq!(c.secrets[0].service_account.as_deref(), Some("puller"));
+        assert_eq!(c.secrets[1].service_account.as_deref(), Some("puller"));
+    }
+
+    #[test]
+    fn a_service_account_of_another_namespace_is_refused_naming_the_entry() {
+        let e = parse_err(
+            "\n[[secret]]\nnamespace = \"team-a\"\nname = \"pull\"\nregistries = [\"a.example.com\"]\nservice_account = \"team-b/puller\"\n",
+        );
+        assert!(e.contains("line 3"), "{e}");
+        assert!(e.contains("team-a/pull"), "{e}");
+        assert!(e.contains("team-b/puller"), "{e}");
+        assert!(e.contains("its own namespace"), "{e}");
+    }
+
+    #[test]
+    fn bad_secret_entries_are_refused() {
+        for (body, needle) in [
+            (
+                "namespace = \"Team\"\nname = \"p\"\nregistries = [\"a.example.com\"]",
+                "namespace",
+            ),
+            ("namespace = \"a\"\nname = \"p\"\nregistries = []", "empty"),
+            (
+                "namespace = \"a\"\nname = \"p\"\nregistries = [\"u:p@a.example.com\"]",
+                "registry",
+            ),
+            (
+                "namespace = \"a\"\nname = \"p\"\nregistries = [\"a.example.com\"]\nservice_account = \"Bad_Name\"",
+                "service_account",
+            ),
+            (
+                "namespace = \"a\"\nname = \"p\"\nregistries = [\"a.example.com\"]\nextra = 1",
+                "extra",
+            ),
+        ] {
+            let e = parse_err(&format!("[[secret]]\n{body}\n"));
+            assert!(e.contains(needle), "{body}: {e}");
+        }
+        let twice =
+            "[[secret]]\nnamespace = \"a\"\nname = \"p\"\nregistries = [\"a.example.com\"]\n";
+        assert!(parse_err(&format!("{twice}{twice}")).contains("declared twice"));
     }
 
     #[test]

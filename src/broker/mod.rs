@@ -363,6 +363,8 @@ pub struct Built {
     pub statics: Arc<static_secret::Store>,
     /// Its metrics.
     pub metrics: Arc<Metrics>,
+    /// The Secrets the config file declares (`[[secret]]`), for `serve`'s Secret sync.
+    pub secrets: Vec<config::SecretEntry>,
 }
 
 /// Builds the in-process broker shared by every mode. Errors are configuration errors,
@@ -390,5 +392,6 @@ pub fn build(config: Option<&PathBuf>, docker_config: &[PathBuf]) -> Result<Buil
         broker: Arc::new(broker),
         statics,
         metrics,
+        secrets: config.secrets,
     })
 }

@@ -141,7 +141,28 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
         })?)
     };
     let mut elector = None;
-    let mut secret_sync = if args.sync_secret.is_empty() {
+    let entries: Vec<crate::sinks::secret_sync::Entry> = core
+        .secrets
+        .iter()
+        .map(|e| crate::sinks::secret_sync::Entry {
+            secret: crate::sinks::secret_sync::SecretRef {
+                namespace: e.namespace.clone(),
+                name: e.name.clone(),
+            },
+            registries: e.registries.clone(),
+            service_account: e.service_account.clone(),
+        })
+        .collect();
+    if let Some(e) = entries
+        .iter()
+        .find(|e| args.sync_secret.contains(&e.secret))
+    {
+        return Err(Failure::Config(format!(
+            "Secret {} is both in --sync-secret and a [[secret]] of the config file: name it once",
+            e.secret
+        )));
+    }
+    let mut secret_sync = if args.sync_secret.is_empty() && entries.is_empty() {
         None
     } else {
         let client = crate::kubernetes::client_from_environment()
@@ -150,6 +171,7 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
         let config = crate::sinks::secret_sync::Config {
             secrets: args.sync_secret,
             extra: args.sink_registry.clone(),
+            entries,
         };
         // The first pass runs in the task too: a slow API server must not delay serving.
         let broker = core.broker.clone();

@@ -17,7 +17,7 @@ use std::time::Duration;
 use regbroker_provider::Registry;
 use zeroize::Zeroizing;
 
-use super::{Held, MIN_SLEEP, pass, render, wait_for_next_pass};
+use super::{Held, MIN_SLEEP, pass, registries, render, wait_for_next_pass};
 use crate::broker::Broker;
 
 /// Sink settings.
@@ -64,7 +64,12 @@ impl Sink {
     /// Writes the file once (start-up); fails if it cannot be written.
     pub async fn start(broker: Arc<Broker>, config: Config) -> std::io::Result<Sink> {
         let mut held = BTreeMap::new();
-        let next = pass(&broker, &config.extra, &mut held).await;
+        let wanted = registries(&broker, &config.extra);
+        let b = &broker;
+        let next = pass(b, &wanted, &mut held, &|r| {
+            Box::pin(async move { b.fresh_credential(&r).await })
+        })
+        .await;
         let last = render(&held);
         write_atomic(&config.path, last.as_bytes())?;
         tracing::info!(path = %config.path.display(), registries = held.len(), "Wrote docker config");
@@ -80,7 +85,12 @@ impl Sink {
     /// One pass now: fetch every registry (from the cache where fresh) and rewrite the
     /// file if its contents changed. The run loop calls this at each refresh point.
     pub async fn refresh(&mut self) {
-        self.next = pass(&self.broker, &self.config.extra, &mut self.held).await;
+        let broker = &self.broker;
+        let wanted = registries(broker, &self.config.extra);
+        self.next = pass(broker, &wanted, &mut self.held, &|r| {
+            Box::pin(async move { broker.fresh_credential(&r).await })
+        })
+        .await;
         let contents = render(&self.held);
         if *contents != *self.last {
             match write_atomic(&self.config.path, contents.as_bytes()) {

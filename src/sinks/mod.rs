@@ -60,19 +60,28 @@ pub fn registries(broker: &Broker, extra: &[Registry]) -> Vec<Registry> {
     out
 }
 
-/// Runs one pass: fetch every registry (`registries(broker, extra)`) into `held`.
-/// Returns when the next pass is due. Shared by the file sink and the Secret sync.
+/// How a pass gets a registry's credential: the broker's fresh credential, as this
+/// process or as a workload. Takes the registry by value so the future borrows only what
+/// the closure holds.
+pub(crate) type Fetch<'a> = dyn Fn(Registry) -> futures_util::future::BoxFuture<'a, Result<crate::broker::Served, BrokerError>>
+    + Send
+    + Sync
+    + 'a;
+
+/// Runs one pass: fetch every registry of `wanted` into `held`, with `fetch` (the
+/// broker's fresh credential, as this process or as a workload). Returns when the next
+/// pass is due. Shared by the file sink and the Secret sync.
 pub(crate) async fn pass(
     broker: &Broker,
-    extra: &[Registry],
+    wanted: &[Registry],
     held: &mut BTreeMap<Registry, Held>,
+    fetch: &Fetch<'_>,
 ) -> Duration {
     let now = broker.now();
-    let wanted = registries(broker, extra);
     held.retain(|r, _| wanted.contains(r));
     let mut next = MAX_SLEEP;
-    for registry in &wanted {
-        match broker.fresh_credential(registry).await {
+    for registry in wanted {
+        match fetch(registry.clone()).await {
             Ok(served) => {
                 let c = &served.credential;
                 let pair =

@@ -115,12 +115,30 @@ impl FromStr for SecretRef {
 }
 
 /// Secret sync settings.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Config {
-    /// The Secrets to keep; each gets the same registries.
+    /// The Secrets of the shorthand (`--sync-secret`): each gets every registry the sinks
+    /// write, with this process's identity.
     pub secrets: Vec<SecretRef>,
-    /// Registries to include besides static entries and exact provider rules.
+    /// Registries to include besides static entries and exact provider rules (for
+    /// [`Config::secrets`]).
     pub extra: Vec<Registry>,
+    /// Secrets declared one by one (the config file's `[[secret]]`): each holds only its
+    /// own registries, fetched with its own ServiceAccount's identity when it names one.
+    pub entries: Vec<Entry>,
+}
+
+/// A Secret with its own registries and, optionally, a ServiceAccount of its namespace
+/// whose identity fetches them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The Secret.
+    pub secret: SecretRef,
+    /// The registries it holds, and no other.
+    pub registries: Vec<Registry>,
+    /// The ServiceAccount (by name, in the Secret's namespace); `None`: this process's
+    /// identity.
+    pub service_account: Option<String>,
 }
 
 /// What the last pass did to one Secret.
@@ -190,6 +208,12 @@ fn sign(meta: &mut ObjectMeta, guard: Option<&Leadership>) {
 
 struct Target {
     secret: SecretRef,
+    /// Only these registries; `None`: the shorthand's (every registry the sinks write).
+    registries: Option<Vec<Registry>>,
+    /// Whose identity fetches them (a ServiceAccount of the Secret's namespace).
+    service_account: Option<String>,
+    /// This Secret's own credentials: never shared with another Secret's.
+    held: BTreeMap<Registry, Held>,
     failures: u32,
     last: Option<Outcome>,
 }
@@ -199,8 +223,8 @@ pub struct SecretSync {
     broker: Arc<Broker>,
     client: kube::Client,
     extra: Vec<Registry>,
-    held: BTreeMap<Registry, Held>,
     targets: Vec<Target>,
+    tokens: Tokens,
     next: Duration,
     guard: Option<Leadership>,
 }
@@ -210,12 +234,181 @@ impl fmt::Debug for SecretSync {
         f.debug_struct("SecretSync")
             .field(
                 "secrets",
-                &self.targets.iter().map(|t| &t.secret).collect::<Vec<_>>(),
+                &self
+                    .targets
+                    .iter()
+                    .map(|t| {
+                        (
+                            &t.secret,
+                            &t.service_account,
+                            t.held.keys().collect::<Vec<_>>(),
+                        )
+                    })
+                    .collect::<Vec<_>>(),
             )
-            .field("registries", &self.held.keys().collect::<Vec<_>>())
             .field("guard", &self.guard.as_ref().map(|g| g.identity()))
             .finish()
     }
+}
+
+/// Annotation prefixes of the cloud identity keys a ServiceAccount may carry; only these
+/// reach a provider (a ServiceAccount's other annotations, such as kubectl's
+/// last-applied-configuration, are none of its business).
+const IDENTITY_ANNOTATION_PREFIXES: &[&str] = &[
+    "eks.amazonaws.com/",
+    "azure.workload.identity/",
+    "kubernetes.azure.com/",
+    "iam.gke.io/",
+    "gcp.auth.fluxcd.io/",
+];
+
+/// How long a requested ServiceAccount token lives, and when it is requested anew.
+const TOKEN_LIFETIME: Duration = Duration::from_secs(3600);
+const TOKEN_RENEW_AFTER: Duration = Duration::from_secs(40 * 60);
+
+/// (namespace, name, UID, audience) of a requested token.
+type TokenKey = (String, String, String, String);
+/// A requested token and when to request it anew.
+type CachedToken = (regbroker_provider::SecretString, tokio::time::Instant);
+
+/// ServiceAccount tokens from TokenRequest, one per (ServiceAccount, UID, audience), kept
+/// in memory only and requested anew well before they expire.
+struct Tokens {
+    client: kube::Client,
+    cache: tokio::sync::Mutex<BTreeMap<TokenKey, CachedToken>>,
+}
+
+impl Tokens {
+    /// The ServiceAccount's UID and its identity annotations.
+    async fn account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(String, BTreeMap<String, String>), regbroker_provider::Error> {
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        let sa = api.get_opt(name).await.map_err(|e| {
+            regbroker_provider::Error::unavailable(format!(
+                "cannot read ServiceAccount {namespace}/{name}"
+            ))
+            .with_source(e)
+        })?;
+        let Some(sa) = sa else {
+            return Err(regbroker_provider::Error::identity_missing(format!(
+                "ServiceAccount {namespace}/{name} does not exist"
+            )));
+        };
+        let uid = sa.metadata.uid.unwrap_or_default();
+        let annotations = sa
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(k, _)| {
+                IDENTITY_ANNOTATION_PREFIXES
+                    .iter()
+                    .any(|p| k.starts_with(p))
+            })
+            .collect();
+        Ok((uid, annotations))
+    }
+
+    /// A token of ServiceAccount `namespace/name` (UID `uid`) for `audience`.
+    async fn token(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        audience: &str,
+    ) -> Result<regbroker_provider::SecretString, regbroker_provider::Error> {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let key = (
+            namespace.to_string(),
+            name.to_string(),
+            uid.to_string(),
+            audience.to_string(),
+        );
+        let mut cache = self.cache.lock().await;
+        let now = tokio::time::Instant::now();
+        if let Some((token, renew_at)) = cache.get(&key)
+            && now < *renew_at
+        {
+            return Ok(token.clone());
+        }
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![audience.to_string()],
+                expiration_seconds: Some(TOKEN_LIFETIME.as_secs() as i64),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = api
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .map_err(|e| {
+                regbroker_provider::Error::identity_missing(format!(
+                    "TokenRequest for ServiceAccount {namespace}/{name} (audience {audience}) failed; regbroker needs `create` on serviceaccounts/token for it"
+                ))
+                .with_source(e)
+            })?;
+        let token = answer
+            .status
+            .map(|s| regbroker_provider::SecretString::from(s.token))
+            .ok_or_else(|| {
+                regbroker_provider::Error::bad_response(format!(
+                    "TokenRequest for ServiceAccount {namespace}/{name} answered without a token"
+                ))
+            })?;
+        tracing::debug!(service_account = %format!("{namespace}/{name}"), audience, "Requested a ServiceAccount token");
+        cache.insert(key, (token.clone(), now + TOKEN_RENEW_AFTER));
+        Ok(token)
+    }
+}
+
+/// The credential for `registry` as ServiceAccount `namespace/name`: a static entry or a
+/// registry nobody serves as for every Secret; a provider's credential with that
+/// ServiceAccount's own token, for the audience the provider asks, never this process's
+/// identity.
+async fn credential_as(
+    broker: &Broker,
+    tokens: &Tokens,
+    namespace: &str,
+    name: &str,
+    registry: &Registry,
+) -> Result<crate::broker::Served, crate::broker::BrokerError> {
+    use crate::broker::{BrokerError, Route};
+    let decision = broker.decide(registry);
+    let provider = match &decision.route {
+        Route::Provider(p, _) => p.clone(),
+        _ => return broker.serve(registry, decision.route).await,
+    };
+    let fail = |e: regbroker_provider::Error| BrokerError::Provider {
+        provider: provider.name(),
+        error: Arc::new(e),
+    };
+    let (uid, annotations) = tokens.account(namespace, name).await.map_err(fail)?;
+    let audience = provider.workload_audience(&annotations).map_err(|e| {
+        fail(regbroker_provider::Error::new(
+            e.kind(),
+            format!("ServiceAccount {namespace}/{name}: {}", e.message()),
+        ))
+    })?;
+    let token = tokens
+        .token(namespace, name, &uid, &audience)
+        .await
+        .map_err(fail)?;
+    let account = regbroker_provider::ServiceAccount::new(
+        namespace,
+        name,
+        Some(uid).filter(|u| !u.is_empty()),
+    )
+    .map_err(fail)?;
+    let workload =
+        regbroker_provider::WorkloadIdentity::new(account, token, annotations).map_err(fail)?;
+    broker.fresh_credential_for(registry, &workload).await
 }
 
 /// The delay after `failures` consecutive failures: 5 s, 10 s, 20 s, 40 s, then 60 s.
@@ -366,20 +559,31 @@ impl SecretSync {
         client: kube::Client,
         guard: Option<Leadership>,
     ) -> SecretSync {
+        let shorthand = config.secrets.into_iter().map(|secret| Target {
+            secret,
+            registries: None,
+            service_account: None,
+            held: BTreeMap::new(),
+            failures: 0,
+            last: None,
+        });
+        let declared = config.entries.into_iter().map(|e| Target {
+            secret: e.secret,
+            registries: Some(e.registries),
+            service_account: e.service_account,
+            held: BTreeMap::new(),
+            failures: 0,
+            last: None,
+        });
         SecretSync {
             broker,
+            tokens: Tokens {
+                client: client.clone(),
+                cache: tokio::sync::Mutex::new(BTreeMap::new()),
+            },
             client,
             extra: config.extra,
-            held: BTreeMap::new(),
-            targets: config
-                .secrets
-                .into_iter()
-                .map(|secret| Target {
-                    secret,
-                    failures: 0,
-                    last: None,
-                })
-                .collect(),
+            targets: shorthand.chain(declared).collect(),
             next: MIN_SLEEP,
             guard,
         }
@@ -398,24 +602,59 @@ impl SecretSync {
             self.next = MAX_SLEEP;
             return;
         }
-        let mut next = super::pass(&self.broker, &self.extra, &mut self.held).await;
-        let contents: Zeroizing<String> = super::render(&self.held);
-        let missing: Vec<Registry> = super::registries(&self.broker, &self.extra)
-            .into_iter()
-            .filter(|r| !self.held.contains_key(r))
-            .collect();
-        for target in &mut self.targets {
+        let SecretSync {
+            broker,
+            client,
+            extra,
+            targets,
+            tokens,
+            guard,
+            ..
+        } = self;
+        let (broker, client, extra, tokens) = (&*broker, &*client, &*extra, &*tokens);
+        let mut next = MAX_SLEEP;
+        for target in targets.iter_mut() {
+            // Each Secret is fetched and rendered on its own: one Secret's registries and
+            // credentials never reach another's.
+            let wanted = match &target.registries {
+                Some(r) => r.clone(),
+                None => super::registries(broker, extra),
+            };
+            let due = match &target.service_account {
+                None => {
+                    super::pass(broker, &wanted, &mut target.held, &|r| {
+                        Box::pin(async move { broker.fresh_credential(&r).await })
+                    })
+                    .await
+                }
+                Some(sa) => {
+                    let namespace = target.secret.namespace.as_str();
+                    super::pass(broker, &wanted, &mut target.held, &|r| {
+                        Box::pin(
+                            async move { credential_as(broker, tokens, namespace, sa, &r).await },
+                        )
+                    })
+                    .await
+                }
+            };
+            next = next.min(due);
+            let contents: Zeroizing<String> = super::render(&target.held);
+            let missing: Vec<Registry> = wanted
+                .into_iter()
+                .filter(|r| !target.held.contains_key(r))
+                .collect();
+            let registries = target.held.len();
             let secret = &target.secret;
-            let guard = self.guard.as_ref();
-            let outcome = match upsert(&self.client, secret, &contents, &missing, guard).await {
+            let guard = guard.as_ref();
+            let outcome = match upsert(client, secret, &contents, &missing, guard).await {
                 Ok(o) => {
                     target.failures = 0;
                     match o {
                         Outcome::Created => {
-                            tracing::info!(%secret, registries = self.held.len(), "Created Secret")
+                            tracing::info!(%secret, registries, "Created Secret")
                         }
                         Outcome::Updated => {
-                            tracing::info!(%secret, registries = self.held.len(), "Updated Secret")
+                            tracing::info!(%secret, registries, "Updated Secret")
                         }
                         _ => tracing::debug!(%secret, "Secret up to date"),
                     }

@@ -143,6 +143,18 @@ pub trait Provider: Send + Sync + fmt::Debug {
         )))
     }
 
+    /// The audience a workload's ServiceAccount token must have for this cloud's
+    /// exchange, given the ServiceAccount's `annotations` (for callers that request the
+    /// token themselves, as the Secret sync does with TokenRequest). An error names the
+    /// annotation that is missing or malformed.
+    fn workload_audience(&self, annotations: &BTreeMap<String, String>) -> Result<String, Error> {
+        let _ = annotations;
+        Err(Error::invalid_config(format!(
+            "the {} provider cannot use a workload's own identity (a ServiceAccount token) yet",
+            self.name()
+        )))
+    }
+
     /// Exchanges this provider's identity (or the target's workload identity) for a
     /// credential for `target`.
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>>;

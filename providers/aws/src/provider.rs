@@ -275,6 +275,13 @@ impl Provider for AwsProvider {
         self.bind(target, workload)
     }
 
+    fn workload_audience(
+        &self,
+        _annotations: &std::collections::BTreeMap<String, String>,
+    ) -> Result<String, Error> {
+        Ok(crate::web_identity::AUDIENCE.to_string())
+    }
+
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
         Box::pin(self.fetch_credential(target))
     }

@@ -299,6 +299,10 @@ impl Provider for GcpProvider {
         workload::bind(target, workload, &universe)
     }
 
+    fn workload_audience(&self, annotations: &BTreeMap<String, String>) -> Result<String, Error> {
+        workload::audience(annotations, universe::DEFAULT_UNIVERSE)
+    }
+
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
         Box::pin(self.fetch_credential(target))
     }

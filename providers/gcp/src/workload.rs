@@ -34,6 +34,35 @@ pub const IAM_CREDENTIALS_URL_ENV: &str = "REGBROKER_GCP_IAM_CREDENTIALS_URL";
 pub(crate) const P_PROVIDER: &str = "workload_identity_provider";
 pub(crate) const P_SERVICE_ACCOUNT: &str = "gcp_service_account";
 
+/// The workload identity provider the annotations name, checked; `who` names the
+/// ServiceAccount in messages.
+fn provider_of(
+    annotations: &std::collections::BTreeMap<String, String>,
+    who: &str,
+) -> Result<String, Error> {
+    match annotations.get(PROVIDER_ANNOTATION) {
+        Some(p) if is_provider(p) => Ok(p.to_string()),
+        Some(p) => Err(Error::invalid_config(format!(
+            "{who}: annotation {PROVIDER_ANNOTATION} = `{}` is not a workload identity provider (projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER)",
+            shown(p)
+        ))),
+        None => Err(Error::identity_missing(format!(
+            "{who} has no {PROVIDER_ANNOTATION}: annotate it with the workload identity provider that trusts this cluster's issuer (GKE's own pool is not detected yet)"
+        ))),
+    }
+}
+
+/// The STS audience for the provider the annotations name: `//iam.<universe>/<provider>`.
+pub(crate) fn audience(
+    annotations: &std::collections::BTreeMap<String, String>,
+    universe: &str,
+) -> Result<String, Error> {
+    Ok(format!(
+        "//iam.{universe}/{}",
+        provider_of(annotations, "the ServiceAccount")?
+    ))
+}
+
 /// `target` bound to `workload`: the provider and service account from its annotations,
 /// checked, in the scope and the parameters.
 pub(crate) fn bind(
@@ -42,20 +71,7 @@ pub(crate) fn bind(
     universe: &str,
 ) -> Result<Target, Error> {
     let sa = workload.service_account();
-    let provider = match workload.annotation(PROVIDER_ANNOTATION) {
-        Some(p) if is_provider(p) => p.to_string(),
-        Some(p) => {
-            return Err(Error::invalid_config(format!(
-                "ServiceAccount {sa}: annotation {PROVIDER_ANNOTATION} = `{}` is not a workload identity provider (projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER)",
-                shown(p)
-            )));
-        }
-        None => {
-            return Err(Error::identity_missing(format!(
-                "ServiceAccount {sa} has no {PROVIDER_ANNOTATION}: annotate it with the workload identity provider that trusts this cluster's issuer (GKE's own pool is not detected yet)"
-            )));
-        }
-    };
+    let provider = provider_of(workload.annotations(), &format!("ServiceAccount {sa}"))?;
     let email = match workload.annotation(SERVICE_ACCOUNT_ANNOTATION) {
         None => None,
         Some(e) if is_email(e) => Some(e.to_string()),

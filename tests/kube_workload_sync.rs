@@ -1,0 +1,261 @@
+//! Per-Secret identity in the Secret sync (issue 15.4 and 15.6), on a real kube-apiserver
+//! with moto: each `[[secret]]` entry holds only its own registries, fetched with its own
+//! ServiceAccount's token from TokenRequest (audience `sts.amazonaws.com`), and moto's
+//! `AssumeRoleWithWebIdentity` maps each tenant's role to its own account, so two tenants
+//! pulling from one registry host get credentials a test can tell apart.
+//!
+//! The sync runs in-process as a ServiceAccount whose Role grants `get` on the tenants'
+//! ServiceAccounts and `create` on `serviceaccounts/token` for the named ones only
+//! (`resourceNames`), plus the Secrets, as `deploy/standalone/tenant-rbac.yaml` does.
+//! moto does not check trust policies or token signatures (see `workload_identity.rs`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![cfg(feature = "aws")]
+
+mod control_plane;
+mod registry_peer;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use control_plane::ControlPlane;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use regbroker::broker::Broker;
+use regbroker::broker::providers::Providers;
+use regbroker::broker::routing::Router;
+use regbroker::broker::static_secret;
+use regbroker::metrics::Metrics;
+use regbroker::sinks::secret_sync::{Config, Entry, Outcome, SecretRef, SecretSync};
+use regbroker_provider::Registry;
+use registry_peer::{Emulator, peer};
+
+const HOST: &str = "555555555555.dkr.ecr.us-east-1.amazonaws.com";
+const OTHER_HOST: &str = "666666666666.dkr.ecr.us-east-1.amazonaws.com";
+const ROLE_A: &str = "arn:aws:iam::111111111111:role/team-a-puller";
+const ROLE_B: &str = "arn:aws:iam::222222222222:role/team-b-puller";
+const SECRET: &str = "regbroker-pull";
+
+fn moto() -> Emulator {
+    let bin = peer("moto_server", "pip install 'moto[server]'");
+    Emulator::start(
+        &bin,
+        &["-H", "127.0.0.1", "-p", "PORT"],
+        "/moto-api/data.json",
+        &[("TZ", "UTC")],
+    )
+}
+
+fn moto_state(moto: &Emulator) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&moto.addr).unwrap();
+    write!(
+        s,
+        "GET /moto-api/data.json HTTP/1.0\r\nHost: {}\r\n\r\n",
+        moto.addr
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// A broker whose only provider is AWS, every endpoint moto, and this process's own
+/// identity absent: a workload's pull can only be its own.
+fn broker(moto: &Emulator) -> Arc<Broker> {
+    let metrics = Arc::new(Metrics::new());
+    let aws = regbroker_aws::AwsProvider::builder()
+        .endpoint_url(format!("http://{}", moto.addr))
+        .build();
+    Arc::new(Broker::new(
+        Arc::new(static_secret::Store::empty(metrics.clone())),
+        Router::new(Vec::new()),
+        Providers::new(vec![Arc::new(aws)]),
+        Default::default(),
+        metrics,
+        regbroker_provider::system_clock(),
+    ))
+}
+
+/// ServiceAccount `namespace/puller` with `annotations`.
+async fn service_account(cp: &ControlPlane, namespace: &str, annotations: &[(&str, &str)]) {
+    let sa = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("puller".into()),
+            annotations: Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<ServiceAccount>::namespaced(cp.admin(), namespace)
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+}
+
+/// The tenant RBAC of `deploy/standalone/tenant-rbac.yaml`, applied to `tenant` for the
+/// syncing ServiceAccount `regbroker/regbroker`.
+fn tenant_rbac(cp: &ControlPlane, tenant: &str, regbroker: &str) {
+    let yaml = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/standalone/tenant-rbac.yaml"),
+    )
+    .unwrap();
+    assert!(yaml.contains("namespace: team-a") && yaml.contains("namespace: regbroker"));
+    cp.apply(
+        &yaml
+            .replace("namespace: team-a", &format!("namespace: {tenant}"))
+            .replace("namespace: regbroker", &format!("namespace: {regbroker}")),
+    );
+}
+
+/// Every `auths` entry of the Secret: registry -> password.
+async fn auths(cp: &ControlPlane, namespace: &str) -> BTreeMap<String, String> {
+    let s = Api::<Secret>::namespaced(cp.admin(), namespace)
+        .get(SECRET)
+        .await
+        .unwrap();
+    let raw = &s.data.unwrap()[".dockerconfigjson"].0;
+    let v: serde_json::Value = serde_json::from_slice(raw).unwrap();
+    v["auths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, e)| {
+            let pair = base64::engine::general_purpose::STANDARD
+                .decode(e["auth"].as_str().unwrap())
+                .unwrap();
+            let pair = String::from_utf8(pair).unwrap();
+            (k.clone(), pair.split_once(':').unwrap().1.to_string())
+        })
+        .collect()
+}
+
+fn entry(namespace: &str, registries: &[&str]) -> Entry {
+    Entry {
+        secret: SecretRef {
+            namespace: namespace.to_string(),
+            name: SECRET.to_string(),
+        },
+        registries: registries
+            .iter()
+            .map(|r| Registry::parse(r).unwrap())
+            .collect(),
+        service_account: Some("puller".to_string()),
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs moto_server, etcd, kube-apiserver, kubectl from scripts/peers.sh; run scripts/test.sh"]
+async fn each_secret_holds_only_its_own_registries_with_its_own_identity() {
+    let cp = ControlPlane::shared();
+    let (a, b, c) = (
+        cp.namespace("team-a").await,
+        cp.namespace("team-b").await,
+        cp.namespace("team-c").await,
+    );
+    let regbroker = cp.namespace("regbroker").await;
+    service_account(cp, &a, &[("eks.amazonaws.com/role-arn", ROLE_A)]).await;
+    service_account(cp, &b, &[("eks.amazonaws.com/ecr-role-arn", ROLE_B)]).await;
+    // team-c forgot its annotation: it must get nothing, not the sync's own identity.
+    service_account(cp, &c, &[]).await;
+    for t in [&a, &b, &c] {
+        tenant_rbac(cp, t, &regbroker);
+    }
+    let moto = moto();
+    let client = cp.service_account_client(&regbroker, "regbroker").await;
+    let config = Config {
+        entries: vec![
+            entry(&a, &[HOST, OTHER_HOST]),
+            entry(&b, &[HOST]),
+            entry(&c, &[HOST]),
+        ],
+        ..Default::default()
+    };
+    let sync = SecretSync::start(broker(&moto), config, client).await;
+    let outcomes: Vec<Option<Outcome>> = sync.outcomes().into_iter().map(|(_, o)| o).collect();
+    assert_eq!(
+        outcomes,
+        vec![Some(Outcome::Created); 3],
+        "every Secret written"
+    );
+
+    let in_a = auths(cp, &a).await;
+    let in_b = auths(cp, &b).await;
+    assert_eq!(
+        in_a,
+        BTreeMap::from([
+            (HOST.to_string(), "111111111111-auth-token".to_string()),
+            (
+                OTHER_HOST.to_string(),
+                "111111111111-auth-token".to_string()
+            ),
+        ]),
+        "team-a: its two registries, its own role's token"
+    );
+    assert_eq!(
+        in_b,
+        BTreeMap::from([(HOST.to_string(), "222222222222-auth-token".to_string())]),
+        "team-b: only its registry, its own role's token"
+    );
+    assert!(
+        auths(cp, &c).await.is_empty(),
+        "team-c has no identity: nothing"
+    );
+    let state = moto_state(&moto);
+    for ns in [&a, &b] {
+        assert!(
+            state.contains(&format!("regbroker-{ns}-puller")),
+            "no session for {ns}"
+        );
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs moto_server, etcd, kube-apiserver, kubectl from scripts/peers.sh; run scripts/test.sh"]
+async fn the_tenant_rbac_allows_the_named_service_account_only() {
+    let cp = ControlPlane::shared();
+    let a = cp.namespace("team-a").await;
+    let regbroker = cp.namespace("regbroker").await;
+    tenant_rbac(cp, &a, &regbroker);
+    service_account(cp, &a, &[("eks.amazonaws.com/role-arn", ROLE_A)]).await;
+    let other = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("admin-bot".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<ServiceAccount>::namespaced(cp.admin(), &a)
+        .create(&PostParams::default(), &other)
+        .await
+        .unwrap();
+    let client = cp.service_account_client(&regbroker, "regbroker").await;
+    let api = Api::<ServiceAccount>::namespaced(client, &a);
+    let request = k8s_openapi::api::authentication::v1::TokenRequest {
+        spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+            audiences: vec!["sts.amazonaws.com".into()],
+            expiration_seconds: Some(600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let ok = api
+        .create_token_request("puller", &PostParams::default(), &request)
+        .await;
+    assert!(ok.is_ok(), "{ok:?}");
+    let refused = api
+        .create_token_request("admin-bot", &PostParams::default(), &request)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, kube::Error::Api(s) if s.code == 403),
+        "{refused:?}"
+    );
+}
