@@ -6,7 +6,7 @@
 //!
 //! The sync runs in-process as a ServiceAccount whose Role grants `get` on the tenants'
 //! ServiceAccounts and `create` on `serviceaccounts/token` for the named ones only
-//! (`resourceNames`), plus the Secrets, as `deploy/standalone/tenant-rbac.yaml` does.
+//! (`resourceNames`), plus the Secrets, as `deploy/tenants/rbac.yaml` does.
 //! moto does not check trust policies or token signatures (see `workload_identity.rs`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -100,11 +100,11 @@ async fn service_account(cp: &ControlPlane, namespace: &str, annotations: &[(&st
         .unwrap();
 }
 
-/// The tenant RBAC of `deploy/standalone/tenant-rbac.yaml`, applied to `tenant` for the
+/// The tenant RBAC of `deploy/tenants/rbac.yaml`, applied to `tenant` for the
 /// syncing ServiceAccount `regbroker/regbroker`.
 fn tenant_rbac(cp: &ControlPlane, tenant: &str, regbroker: &str) {
     let yaml = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/standalone/tenant-rbac.yaml"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/tenants/rbac.yaml"),
     )
     .unwrap();
     assert!(yaml.contains("namespace: team-a") && yaml.contains("namespace: regbroker"));
