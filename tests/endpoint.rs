@@ -260,9 +260,10 @@ async fn hosts_sharing_a_scope_share_one_credential() {
 
 #[tokio::test]
 async fn credential_is_refreshed_after_the_configured_fraction_and_never_served_past_expiry() {
-    // 1000 s credentials; min_remaining 100 s -> usable 900 s; refresh at 0.5 -> 450 s.
+    // 1000 s credentials; min_remaining 100 s -> usable 900 s; refresh at 0.5 -> 450 s
+    // (no jitter, so exactly there).
     let srv = TestServer::builder()
-        .config("[cache]\nrefresh_fraction = 0.5\nmin_refresh = \"1s\"\nmin_remaining = \"100s\"\n")
+        .config("[cache]\nrefresh_fraction = 0.5\nrefresh_jitter = 0.0\nmin_refresh = \"1s\"\nmin_remaining = \"100s\"\n")
         .start()
         .await;
     srv.fake

@@ -105,8 +105,14 @@ fn served_image_gets_registry_scoped_auth_and_a_go_duration() {
             "kubelet-pw"
         );
         assert_eq!(v["auth"].as_object().unwrap().len(), 1);
-        // The service account token is not echoed anywhere.
-        assert!(!out.contains("c2ln") && !err.contains("c2ln"));
+        // The service account token is not echoed anywhere (a static entry serves this
+        // image, so the token is read, checked, and not used).
+        let request: serde_json::Value = serde_json::from_slice(&fixture(name)).unwrap();
+        if let Some(token) = request["serviceAccountToken"].as_str() {
+            for part in token.split('.') {
+                assert!(!out.contains(part) && !err.contains(part), "{name}");
+            }
+        }
     }
 }
 

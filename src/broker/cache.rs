@@ -41,6 +41,10 @@ use crate::metrics::Metrics;
 pub struct Config {
     /// Refresh once this fraction of a credential's lifetime has passed.
     pub refresh_fraction: f64,
+    /// Move each credential's refresh point earlier by a random part, up to this fraction,
+    /// of the time until it (never later): credentials fetched together (a restart with
+    /// thousands of identities) then do not all refresh together. 0 turns it off.
+    pub refresh_jitter: f64,
     /// Never refresh sooner than this after a fetch (unless the credential dies first).
     #[serde(with = "humantime_serde")]
     pub min_refresh: Duration,
@@ -80,6 +84,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             refresh_fraction: 0.8,
+            refresh_jitter: 0.1,
             min_refresh: Duration::from_secs(30),
             max_refresh: Duration::from_secs(12 * 3600),
             min_remaining: Duration::from_secs(30),
@@ -99,6 +104,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         if !(self.refresh_fraction > 0.0 && self.refresh_fraction <= 1.0) {
             return Err("cache.refresh_fraction must be greater than 0 and at most 1".into());
+        }
+        if !(0.0..=0.5).contains(&self.refresh_jitter) {
+            return Err("cache.refresh_jitter must be from 0 to 0.5".into());
         }
         if self.min_refresh > self.max_refresh {
             return Err("cache.min_refresh must not be greater than cache.max_refresh".into());
@@ -163,6 +171,26 @@ pub fn plan(config: &Config, fetched_at: SystemTime, expires_at: Option<SystemTi
                 stale_at: fetched_at + usable,
             }
         }
+    }
+}
+
+/// `lifetime` (of a credential fetched at `fetched_at`) with its refresh point moved
+/// earlier by `random` (in `[0, 1)`) × `config.refresh_jitter` of the time until it; the
+/// stale point never moves.
+pub fn jittered(
+    config: &Config,
+    fetched_at: SystemTime,
+    lifetime: Lifetime,
+    random: f64,
+) -> Lifetime {
+    let until = lifetime
+        .refresh_at
+        .duration_since(fetched_at)
+        .unwrap_or(Duration::ZERO);
+    let earlier = until.mul_f64((config.refresh_jitter * random.clamp(0.0, 1.0)).clamp(0.0, 0.5));
+    Lifetime {
+        refresh_at: lifetime.refresh_at - earlier,
+        stale_at: lifetime.stale_at,
     }
 }
 
@@ -631,7 +659,13 @@ impl Cache {
             };
             let result = match result {
                 Ok(credential) => {
-                    let lifetime = plan(&this.config, this.clock.now(), credential.expires_at());
+                    let now = this.clock.now();
+                    let lifetime = jittered(
+                        &this.config,
+                        now,
+                        plan(&this.config, now, credential.expires_at()),
+                        fastrand::f64(),
+                    );
                     let entry = Arc::new(Entry {
                         credential,
                         lifetime,
@@ -834,12 +868,40 @@ mod tests {
     }
 
     #[test]
+    fn jitter_moves_only_the_refresh_point_and_only_earlier() {
+        let c = Config::default();
+        let l = plan(&c, t0(), Some(t0() + secs(12 * H)));
+        assert_eq!(jittered(&c, t0(), l, 0.0), l);
+        let most = jittered(&c, t0(), l, 0.999_999);
+        assert_eq!(most.stale_at, l.stale_at);
+        let until = l.refresh_at.duration_since(t0()).unwrap();
+        let moved = l.refresh_at.duration_since(most.refresh_at).unwrap();
+        assert!(
+            moved <= until.mul_f64(0.1) && moved > until.mul_f64(0.099),
+            "{moved:?}"
+        );
+        let off = Config {
+            refresh_jitter: 0.0,
+            ..Config::default()
+        };
+        assert_eq!(jittered(&off, t0(), l, 0.7), l);
+        // Out-of-range randomness is clamped, never a later refresh point.
+        assert!(jittered(&c, t0(), l, 7.0).refresh_at >= l.refresh_at - until.mul_f64(0.1));
+        assert_eq!(jittered(&c, t0(), l, -1.0), l);
+    }
+
+    #[test]
     fn config_validation_names_the_key() {
         let bad = Config {
             refresh_fraction: 1.5,
             ..Config::default()
         };
         assert!(bad.validate().unwrap_err().contains("refresh_fraction"));
+        let bad = Config {
+            refresh_jitter: 0.6,
+            ..Config::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("refresh_jitter"));
         let bad = Config {
             min_refresh: secs(10 * H),
             max_refresh: secs(H),
@@ -1479,8 +1541,32 @@ mod tests {
             assert_eq!(calls.load(Ordering::SeqCst), 1);
         }
         #[tokio::test(start_paused = true)]
-        async fn the_refresh_and_stale_points_are_exact_boundaries() {
+        async fn credentials_fetched_together_do_not_refresh_together() {
             let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let mut points = std::collections::BTreeSet::new();
+            for i in 0..50 {
+                let k = key(&format!("id-{i}"));
+                let fresh = answer(&clock, &calls, "s", Some(Duration::ZERO));
+                let (entry, _) = cache.get_or_fetch(&k, Need::Servable, fresh).await.unwrap();
+                let _ = entry;
+                let e = cache.entries.get(&k).await.unwrap();
+                points.insert(e.lifetime.refresh_at);
+            }
+            assert!(
+                points.len() > 40,
+                "50 credentials, {} refresh points",
+                points.len()
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn the_refresh_and_stale_points_are_exact_boundaries() {
+            // Without jitter, so the refresh point is exactly plan's.
+            let (cache, clock) = cache(Config {
+                refresh_jitter: 0.0,
+                ..Config::default()
+            });
             let calls = Arc::new(AtomicUsize::new(0));
             let k = key("a");
             let fresh = |s| answer(&clock, &calls, s, Some(Duration::ZERO));

@@ -276,7 +276,16 @@ type CachedToken = (regbroker_provider::SecretString, tokio::time::Instant);
 struct Tokens {
     client: kube::Client,
     cache: tokio::sync::Mutex<BTreeMap<TokenKey, CachedToken>>,
+    /// TokenRequest calls, at most [`TOKEN_REQUEST_RATE`]: a restart with thousands of
+    /// tenants does not flood the API server.
+    budget: regbroker_provider::Budget<()>,
 }
+
+/// TokenRequests per second (and burst) the Secret sync may make.
+const TOKEN_REQUEST_RATE: regbroker_provider::Rate = regbroker_provider::Rate {
+    per_second: 10.0,
+    burst: 20,
+};
 
 impl Tokens {
     /// The ServiceAccount's UID and its identity annotations.
@@ -336,6 +345,7 @@ impl Tokens {
         {
             return Ok(token.clone());
         }
+        self.budget.acquire(&()).await;
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
         let request = TokenRequest {
             spec: TokenRequestSpec {
@@ -580,6 +590,7 @@ impl SecretSync {
             tokens: Tokens {
                 client: client.clone(),
                 cache: tokio::sync::Mutex::new(BTreeMap::new()),
+                budget: regbroker_provider::Budget::new(TOKEN_REQUEST_RATE),
             },
             client,
             extra: config.extra,

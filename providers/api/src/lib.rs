@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod budget;
 mod clock;
 mod credential;
 pub mod diagnosis;
@@ -24,6 +25,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+pub use budget::{Budget, Rate};
 #[cfg(any(test, feature = "test-util"))]
 pub use clock::ManualClock;
 pub use clock::{Clock, SharedClock, SystemClock, system_clock};

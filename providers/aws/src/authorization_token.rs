@@ -23,6 +23,9 @@ impl AwsProvider {
     ) -> Result<Credential, Error> {
         let what = format!("ECR GetAuthorizationToken for account {account} in {region}");
         let client = self.ecr_client(role, region).await;
+        self.ecr_budget
+            .acquire(&(caller_account(role, account), region.to_string()))
+            .await;
         // `registryIds` is deprecated (a token works for every registry the identity can
         // read), but it still selects the account whose proxy endpoint is returned, as
         // docker-credential-ecr-login does.
@@ -44,11 +47,15 @@ impl AwsProvider {
     pub(crate) async fn fetch_private_as(
         &self,
         credentials: Credentials,
+        role: &str,
         region: &str,
         account: &str,
     ) -> Result<Credential, Error> {
         let what = format!("ECR GetAuthorizationToken for account {account} in {region}");
         let sdk = self.sdk_config().await;
+        self.ecr_budget
+            .acquire(&(caller_account(Some(role), account), region.to_string()))
+            .await;
         let conf = aws_sdk_ecr::config::Builder::from(sdk)
             .region(Region::new(region.to_string()))
             .credentials_provider(SharedCredentialsProvider::new(credentials))
@@ -84,28 +91,37 @@ impl AwsProvider {
     /// The ECR Public credential, as `role` (or the base identity).
     pub(crate) async fn fetch_public(&self, role: Option<&str>) -> Result<Credential, Error> {
         let client = self.public_client(role).await;
-        self.fetch_public_with(client).await
+        self.fetch_public_with(client, caller_account(role, "public"))
+            .await
     }
 
     /// The ECR Public credential as a workload's assumed role (`credentials`).
     pub(crate) async fn fetch_public_as(
         &self,
         credentials: Credentials,
+        role: &str,
     ) -> Result<Credential, Error> {
         let sdk = self.sdk_config().await;
         let conf = aws_sdk_ecrpublic::config::Builder::from(sdk)
             .region(Region::from_static(PUBLIC_REGION))
             .credentials_provider(SharedCredentialsProvider::new(credentials))
             .build();
-        self.fetch_public_with(aws_sdk_ecrpublic::Client::from_conf(conf))
-            .await
+        self.fetch_public_with(
+            aws_sdk_ecrpublic::Client::from_conf(conf),
+            caller_account(Some(role), "public"),
+        )
+        .await
     }
 
     async fn fetch_public_with(
         &self,
         client: aws_sdk_ecrpublic::Client,
+        caller: String,
     ) -> Result<Credential, Error> {
         let what = format!("ECR Public GetAuthorizationToken in {PUBLIC_REGION}");
+        self.ecr_budget
+            .acquire(&(caller, format!("public|{PUBLIC_REGION}")))
+            .await;
         let out = client
             .get_authorization_token()
             .send()
@@ -122,6 +138,16 @@ impl AwsProvider {
         tracing::debug!(expires_at = ?credential.expires_at(), "Fetched ECR Public token");
         Ok(credential)
     }
+}
+
+/// The account whose `GetAuthorizationToken` budget a call spends: the role's (a rule's
+/// `role_arn` or a workload's), else `fallback` (the registry's account; this process's
+/// own account is not known without a call).
+fn caller_account(role: Option<&str>, fallback: &str) -> String {
+    role.and_then(|r| r.split(':').nth(4))
+        .filter(|a| !a.is_empty())
+        .unwrap_or(fallback)
+        .to_string()
 }
 
 /// Decodes ECR's `base64("AWS:<password>")`. The error never holds the token.

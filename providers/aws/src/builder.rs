@@ -8,7 +8,7 @@ use std::fmt;
 use std::time::Duration;
 
 use aws_credential_types::provider::SharedCredentialsProvider;
-use regbroker_provider::{SharedClock, system_clock};
+use regbroker_provider::{Rate, SharedClock, system_clock};
 
 use crate::AwsProvider;
 
@@ -49,6 +49,38 @@ pub struct Builder {
     pub(crate) credentials: Option<SharedCredentialsProvider>,
     pub(crate) calls: CallSettings,
     pub(crate) clock: SharedClock,
+    pub(crate) ecr_rate: Option<Rate>,
+    pub(crate) sts_rate: Option<Rate>,
+}
+
+/// The env var setting the ECR `GetAuthorizationToken` budget, `RATE/BURST` per caller
+/// account and region (default [`DEFAULT_ECR_RATE`]).
+pub const ECR_RATE_ENV: &str = "REGBROKER_AWS_ECR_RATE";
+/// The env var setting the STS `AssumeRoleWithWebIdentity` budget, `RATE/BURST` per
+/// region (default [`DEFAULT_STS_RATE`]).
+pub const STS_RATE_ENV: &str = "REGBROKER_AWS_STS_RATE";
+/// ECR's own limit for `GetAuthorizationToken`: 20 per second, burst 200, per account
+/// and region.
+pub const DEFAULT_ECR_RATE: Rate = Rate {
+    per_second: 20.0,
+    burst: 200,
+};
+/// Well inside STS's own quota for `AssumeRoleWithWebIdentity`.
+pub const DEFAULT_STS_RATE: Rate = Rate {
+    per_second: 50.0,
+    burst: 100,
+};
+
+/// The rate `var` sets, or `default` (with a warning naming the variable when its value
+/// is not a rate).
+pub(crate) fn rate_from_env(var: &str, default: Rate) -> Rate {
+    match std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
+        None => default,
+        Some(v) => Rate::parse(&v, var).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, ?default, "Ignoring an invalid rate; using the default");
+            default
+        }),
+    }
 }
 
 impl fmt::Debug for Builder {
@@ -71,6 +103,8 @@ impl Default for Builder {
             credentials: None,
             calls: CallSettings::default(),
             clock: system_clock(),
+            ecr_rate: None,
+            sts_rate: None,
         }
     }
 }
@@ -97,6 +131,20 @@ impl Builder {
     /// The clock the SDK signs requests and judges identity expiry with.
     pub fn clock(mut self, clock: SharedClock) -> Builder {
         self.clock = clock;
+        self
+    }
+
+    /// The budget of ECR `GetAuthorizationToken` calls per caller account and region
+    /// (default: `REGBROKER_AWS_ECR_RATE`, else [`DEFAULT_ECR_RATE`]).
+    pub fn ecr_rate(mut self, rate: Rate) -> Builder {
+        self.ecr_rate = Some(rate);
+        self
+    }
+
+    /// The budget of STS `AssumeRoleWithWebIdentity` calls per region (default:
+    /// `REGBROKER_AWS_STS_RATE`, else [`DEFAULT_STS_RATE`]).
+    pub fn sts_rate(mut self, rate: Rate) -> Builder {
+        self.sts_rate = Some(rate);
         self
     }
 

@@ -12,7 +12,12 @@
 //!   region);
 //! - endpoints: `AWS_ENDPOINT_URL`, `AWS_ENDPOINT_URL_ECR`, `AWS_ENDPOINT_URL_ECR_PUBLIC`,
 //!   `AWS_ENDPOINT_URL_STS`, `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`, `AWS_USE_FIPS_ENDPOINT`,
-//!   `AWS_USE_DUALSTACK_ENDPOINT`.
+//!   `AWS_USE_DUALSTACK_ENDPOINT`;
+//! - budgets (read at construction): `REGBROKER_AWS_ECR_RATE` (`RATE/BURST` of ECR
+//!   `GetAuthorizationToken` calls per caller account and region, default `20/200`, ECR's
+//!   own limit) and `REGBROKER_AWS_STS_RATE` (`AssumeRoleWithWebIdentity` per region,
+//!   default `50/100`): with thousands of identities, calls wait for their slot instead of
+//!   being throttled.
 //!
 //! [`AwsProvider::from_env`] does no I/O. [`AwsProvider::builder`] takes explicit settings
 //! for tests (endpoint, credentials, retry and timeout settings, clock).
@@ -45,7 +50,9 @@ pub mod web_identity;
 pub use authorization_token::{credential_from_authorization_data, decode_token};
 /// The SDK's timestamp type (`expiresAt`), for [`credential_from_authorization_data`].
 pub use aws_smithy_types::DateTime;
-pub use builder::{Builder, CallSettings};
+pub use builder::{
+    Builder, CallSettings, DEFAULT_ECR_RATE, DEFAULT_STS_RATE, ECR_RATE_ENV, STS_RATE_ENV,
+};
 pub use diagnose::{Detected, detect};
 pub use errors::IDENTITY_SOURCES;
 pub use provider::AwsProvider;

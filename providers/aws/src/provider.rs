@@ -12,8 +12,8 @@ use aws_types::SdkConfig;
 use std::time::Duration;
 
 use regbroker_provider::{
-    BoxFuture, Credential, Diagnosis, Error, IdentityKind, Options, Provider, Registry, Target,
-    WorkloadIdentity,
+    BoxFuture, Budget, Credential, Diagnosis, Error, IdentityKind, Options, Provider, Registry,
+    Target, WorkloadIdentity,
 };
 use tokio::sync::OnceCell;
 
@@ -62,6 +62,10 @@ pub struct AwsProvider {
     pub(crate) public: ClientCache<Option<String>, aws_sdk_ecrpublic::Client>,
     /// See [`IDENTITY_ENV`]; computed on first use.
     fingerprint: std::sync::OnceLock<String>,
+    /// ECR `GetAuthorizationToken` calls per (caller account, region).
+    pub(crate) ecr_budget: Budget<(String, String)>,
+    /// STS `AssumeRoleWithWebIdentity` calls per region.
+    pub(crate) sts_budget: Budget<String>,
 }
 
 impl fmt::Debug for AwsProvider {
@@ -87,12 +91,23 @@ impl AwsProvider {
 
     /// The provider with these settings, nothing loaded yet (see [`Builder::build`]).
     pub(crate) fn new(settings: Builder) -> AwsProvider {
+        use crate::builder::{
+            DEFAULT_ECR_RATE, DEFAULT_STS_RATE, ECR_RATE_ENV, STS_RATE_ENV, rate_from_env,
+        };
+        let settings_ecr_rate = settings
+            .ecr_rate
+            .unwrap_or_else(|| rate_from_env(ECR_RATE_ENV, DEFAULT_ECR_RATE));
+        let settings_sts_rate = settings
+            .sts_rate
+            .unwrap_or_else(|| rate_from_env(STS_RATE_ENV, DEFAULT_STS_RATE));
         AwsProvider {
             settings,
             sdk: OnceCell::new(),
             ecr: ClientCache::default(),
             public: ClientCache::default(),
             fingerprint: std::sync::OnceLock::new(),
+            ecr_budget: Budget::new(settings_ecr_rate),
+            sts_budget: Budget::new(settings_sts_rate),
         }
     }
 
@@ -155,8 +170,8 @@ impl AwsProvider {
         let sts_region = place.map_or(PUBLIC_REGION, |(region, _)| region);
         let (creds, session_end) = self.assume_web_identity(workload, role, sts_region).await?;
         let credential = match place {
-            Some((region, account)) => self.fetch_private_as(creds, region, account).await?,
-            None => self.fetch_public_as(creds).await?,
+            Some((region, account)) => self.fetch_private_as(creds, role, region, account).await?,
+            None => self.fetch_public_as(creds, role).await?,
         };
         Ok(crate::web_identity::within_session(credential, session_end))
     }

@@ -106,6 +106,7 @@ impl AwsProvider {
         let sa = workload.service_account();
         let what = format!("STS AssumeRoleWithWebIdentity for ServiceAccount {sa} in {region}");
         let sdk = self.sdk_config().await;
+        self.sts_budget.acquire(&region.to_string()).await;
         let conf = aws_sdk_sts::config::Builder::from(sdk)
             .region(Region::new(region.to_string()))
             .build();

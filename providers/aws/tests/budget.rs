@@ -1,0 +1,198 @@
+//! Upstream budgets (issue 15.7): many identities fetched at once stay inside ECR's rate
+//! limit instead of being throttled.
+//!
+//! An in-process fake stands in for STS (`AssumeRoleWithWebIdentity`, any role, answered
+//! at once) and ECR (`GetAuthorizationToken`), which enforces ECR's documented limit, a
+//! token bucket of 20 calls per second with a burst of 200 per account and region,
+//! exactly, answering `ThrottlingException` beyond it, and counts those answers. moto has
+//! no rate limits, and real ECR cannot be asked here.
+//!
+//! `restart_with_many_identities_is_never_throttled` runs 400 identities (a few seconds);
+//! `benchmark_restart_with_5000_identities` (ignored; `cargo test -p regbroker-aws --test
+//! budget -- --ignored --nocapture`) is the figure in BENCHMARKS.md.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use regbroker_aws::{AwsProvider, CallSettings};
+use regbroker_provider::test_util::service_account_jwt;
+use regbroker_provider::{ExposeSecret, Provider, Registry, WorkloadIdentity};
+
+const HOST: &str = "555555555555.dkr.ecr.us-east-1.amazonaws.com";
+/// Every tenant role is in one account: one ECR bucket for all of them.
+const ACCOUNT: &str = "111111111111";
+
+/// ECR's limit, enforced by the fake: GCRA with the same rate and burst.
+struct Bucket {
+    tat: Option<Instant>,
+    interval: Duration,
+    burst: u32,
+}
+
+impl Bucket {
+    fn allow(&mut self, now: Instant) -> bool {
+        let tat = self.tat.map_or(now, |t| t.max(now));
+        let span = self.interval * (self.burst - 1);
+        if tat > now + span {
+            return false;
+        }
+        self.tat = Some(tat + self.interval);
+        true
+    }
+}
+
+#[derive(Default)]
+struct Counts {
+    sts: usize,
+    ecr_ok: usize,
+    throttled: usize,
+}
+
+struct Fake {
+    bucket: Mutex<Bucket>,
+    counts: Mutex<Counts>,
+}
+
+async fn handle(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
+    let body = String::from_utf8_lossy(&body);
+    if body.contains("Action=AssumeRoleWithWebIdentity") {
+        fake.counts.lock().unwrap().sts += 1;
+        let xml = format!(
+            r#"<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleWithWebIdentityResult><Credentials><AccessKeyId>ASIAFAKE{ACCOUNT}</AccessKeyId><SecretAccessKey>fake-secret</SecretAccessKey><SessionToken>fake-session</SessionToken><Expiration>2099-01-01T00:00:00Z</Expiration></Credentials><SubjectFromWebIdentityToken>s</SubjectFromWebIdentityToken><AssumedRoleUser><Arn>arn:aws:sts::{ACCOUNT}:assumed-role/r/s</Arn><AssumedRoleId>AROA:s</AssumedRoleId></AssumedRoleUser></AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>1</RequestId></ResponseMetadata></AssumeRoleWithWebIdentityResponse>"#
+        );
+        return ([("content-type", "text/xml")], xml).into_response();
+    }
+    let target = headers
+        .get("x-amz-target")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if target.ends_with("GetAuthorizationToken") {
+        let allowed = fake.bucket.lock().unwrap().allow(Instant::now());
+        let mut counts = fake.counts.lock().unwrap();
+        if !allowed {
+            counts.throttled += 1;
+            return (
+                axum::http::StatusCode::BAD_REQUEST,
+                [("content-type", "application/x-amz-json-1.1")],
+                r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#,
+            )
+                .into_response();
+        }
+        counts.ecr_ok += 1;
+        let token = base64::engine::general_purpose::STANDARD.encode("AWS:ecr-password");
+        let body = format!(
+            r#"{{"authorizationData":[{{"authorizationToken":"{token}","expiresAt":4102444800,"proxyEndpoint":"https://{HOST}"}}]}}"#
+        );
+        return ([("content-type", "application/x-amz-json-1.1")], body).into_response();
+    }
+    (axum::http::StatusCode::NOT_FOUND, "unknown call").into_response()
+}
+
+async fn start() -> (Arc<Fake>, String, tokio::task::JoinHandle<()>) {
+    let fake = Arc::new(Fake {
+        bucket: Mutex::new(Bucket {
+            tat: None,
+            interval: Duration::from_millis(50),
+            burst: 200,
+        }),
+        counts: Mutex::new(Counts::default()),
+    });
+    let app = Router::new().fallback(handle).with_state(fake.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (fake, url, task)
+}
+
+/// `n` workload identities (one ServiceAccount and role each, all roles in [`ACCOUNT`])
+/// fetched at once, as after a restart; returns the time until the last one had its
+/// credential.
+async fn restart(n: usize) -> (Duration, Arc<Fake>) {
+    let (fake, url, _task) = start().await;
+    // The SDK's own retries stay on (3 attempts): a throttled call would be retried and
+    // succeed, so the test counts throttled answers, not failures.
+    let provider = Arc::new(
+        AwsProvider::builder()
+            .endpoint_url(url)
+            .calls(CallSettings {
+                operation_timeout: Duration::from_secs(600),
+                attempt_timeout: Duration::from_secs(600),
+                ..CallSettings::default()
+            })
+            .build(),
+    );
+    let registry = Registry::parse(HOST).unwrap();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let provider = provider.clone();
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let workload = WorkloadIdentity::from_token(
+                    service_account_jwt(&format!("tenant-{i}"), "puller", &format!("u-{i}")).into(),
+                    [(
+                        "eks.amazonaws.com/role-arn".to_string(),
+                        format!("arn:aws:iam::{ACCOUNT}:role/tenant-{i}"),
+                    )]
+                    .into(),
+                )
+                .unwrap();
+                let target = provider
+                    .bind_workload(provider.recognise(&registry).unwrap(), workload)
+                    .unwrap();
+                provider.fetch(&target).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        let c = t.await.unwrap().unwrap();
+        assert_eq!(c.secret().expose_secret(), "ecr-password");
+    }
+    (started.elapsed(), fake)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_with_many_identities_is_never_throttled() {
+    let n = 400;
+    let (took, fake) = restart(n).await;
+    let c = fake.counts.lock().unwrap();
+    assert_eq!(c.throttled, 0, "ECR answered ThrottlingException");
+    assert_eq!(c.ecr_ok, n);
+    assert_eq!(c.sts, n);
+    // 180 at once (the burst less the budget's margin), then 20 per second: 11 s;
+    // bounded loosely above for a loaded machine.
+    let floor = Duration::from_millis(50 * (n as u64 - 180));
+    assert!(took >= floor, "faster than ECR allows: {took:?}");
+    assert!(took < floor + Duration::from_secs(20), "took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark (about 4 minutes): cargo test -p regbroker-aws --test budget -- --ignored --nocapture"]
+async fn benchmark_restart_with_5000_identities() {
+    let n = 5000;
+    let (took, fake) = restart(n).await;
+    let c = fake.counts.lock().unwrap();
+    println!(
+        "{n} identities: every credential after {:.1} s (bound {n}/20 + 10 = {} s); ECR calls {}, throttled {}, STS calls {}",
+        took.as_secs_f64(),
+        n / 20 + 10,
+        c.ecr_ok,
+        c.throttled,
+        c.sts
+    );
+    assert_eq!(c.throttled, 0);
+    assert!(
+        took < Duration::from_secs(n as u64 / 20 + 10),
+        "took {took:?}"
+    );
+}
