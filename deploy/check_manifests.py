@@ -29,6 +29,7 @@ the kustomize manifests' example values to match deploy/standalone/ or deploy/fl
 import argparse
 import copy
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -187,6 +188,14 @@ TOKEN_AUDIENCES = {
 }
 
 
+# Google's STS: the audience is the workload identity provider's full name.
+GCP_AUDIENCE = re.compile(
+    r"//iam\.googleapis\.com/projects/[0-9]+/locations/global/workloadIdentityPools/"
+    r"[a-z0-9-]{4,32}/providers/[a-z0-9-]{4,32}"
+)
+GCP_KEYS = {"gcp.auth.fluxcd.io/workload-identity-provider", "iam.gke.io/gcp-service-account"}
+
+
 def check_token_attributes(where, t):
     keys = set(t) - {
         "serviceAccountTokenAudience",
@@ -198,7 +207,10 @@ def check_token_attributes(where, t):
     if keys:
         fail(f"{where}: unknown tokenAttributes keys {sorted(keys)}")
     audience = t.get("serviceAccountTokenAudience")
-    if audience not in TOKEN_AUDIENCES:
+    keys_for = TOKEN_AUDIENCES.get(audience)
+    if keys_for is None and GCP_AUDIENCE.fullmatch(str(audience)):
+        keys_for = GCP_KEYS
+    if keys_for is None:
         fail(f"{where}: serviceAccountTokenAudience {audience!r} is not one regbroker exchanges")
         return
     # Token would let the kubelet share one answer between every pod holding the same
@@ -208,9 +220,9 @@ def check_token_attributes(where, t):
     listed = set(t.get("requiredServiceAccountAnnotationKeys", [])) | set(
         t.get("optionalServiceAccountAnnotationKeys", [])
     )
-    if listed != TOKEN_AUDIENCES[audience]:
+    if listed != keys_for:
         fail(f"{where}: annotation keys {sorted(listed)} are not the ones regbroker reads for "
-             f"{audience}: {sorted(TOKEN_AUDIENCES[audience])}")
+             f"{audience}: {sorted(keys_for)}")
 
 
 def by_kind(objs, kind):
