@@ -137,6 +137,30 @@ async fn auths(cp: &ControlPlane, namespace: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Every log line of this test binary, at TRACE under the caps `serve` applies.
+fn logs() -> regbroker_provider::test_util::LogCapture {
+    static CAPTURE: std::sync::OnceLock<regbroker_provider::test_util::LogCapture> =
+        std::sync::OnceLock::new();
+    CAPTURE
+        .get_or_init(|| {
+            use tracing_subscriber::Layer as _;
+            use tracing_subscriber::layer::SubscriberExt as _;
+            use tracing_subscriber::util::SubscriberInitExt as _;
+            let capture = regbroker_provider::test_util::LogCapture::default();
+            let writer = capture.clone();
+            tracing_subscriber::registry()
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_writer(move || writer.clone())
+                        .with_ansi(false)
+                        .with_filter(regbroker::cli::log_filter("trace")),
+                )
+                .init();
+            capture
+        })
+        .clone()
+}
+
 fn entry(namespace: &str, registries: &[&str]) -> Entry {
     Entry {
         secret: SecretRef {
@@ -154,6 +178,7 @@ fn entry(namespace: &str, registries: &[&str]) -> Entry {
 #[tokio::test]
 #[ignore = "needs moto_server, etcd, kube-apiserver, kubectl from scripts/peers.sh; run scripts/test.sh"]
 async fn each_secret_holds_only_its_own_registries_with_its_own_identity() {
+    let logs = logs();
     let cp = ControlPlane::shared();
     let (a, b, c) = (
         cp.namespace("team-a").await,
@@ -215,6 +240,15 @@ async fn each_secret_holds_only_its_own_registries_with_its_own_identity() {
             "no session for {ns}"
         );
     }
+    // Neither a ServiceAccount token (every JWT the API server issues starts with this
+    // header) nor a credential reached a log line, at TRACE.
+    let text = logs.text();
+    assert!(
+        text.contains("Requested a ServiceAccount token"),
+        "the sync logged nothing?"
+    );
+    assert!(!text.contains("eyJhbGciOi"), "a JWT in the log");
+    assert!(!text.contains("auth-token"), "a credential in the log");
 }
 
 #[tokio::test]
