@@ -296,11 +296,11 @@ impl Provider for GcpProvider {
             .param(UNIVERSE_PARAM)
             .unwrap_or(universe::DEFAULT_UNIVERSE)
             .to_string();
-        workload::bind(target, workload, &universe)
+        workload::bind(&self.env, target, workload, &universe)
     }
 
     fn workload_audience(&self, annotations: &BTreeMap<String, String>) -> Result<String, Error> {
-        workload::audience(annotations, universe::DEFAULT_UNIVERSE)
+        workload::audience(&self.env, annotations, universe::DEFAULT_UNIVERSE)
     }
 
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {

@@ -6,9 +6,11 @@
 //! Annotations read from the ServiceAccount:
 //! - `gcp.auth.fluxcd.io/workload-identity-provider` (required): the provider resource,
 //!   `projects/<number>/locations/global/workloadIdentityPools/<pool>/providers/<provider>`;
-//!   the STS audience is `//iam.<universe>/` followed by it. GKE's own pool (audience
-//!   `identitynamespace:<project>.svc.id.goog:...`) is not detected yet: name the
-//!   provider explicitly;
+//!   the token's and STS's audience is `//iam.<universe>/` followed by it. Without it, GKE's
+//!   own pool when `REGBROKER_GKE_CLUSTER` names the cluster
+//!   (`projects/PROJECT_ID/locations/LOCATION/clusters/NAME`): token audience
+//!   `<project>.svc.id.goog`, STS audience
+//!   `identitynamespace:<project>.svc.id.goog:https://container.googleapis.com/v1/<cluster>`;
 //! - `iam.gke.io/gcp-service-account` (optional): the Google service account to
 //!   impersonate. Without it the federated token itself is the registry credential (the
 //!   principal of the ServiceAccount needs `roles/artifactregistry.reader`).
@@ -31,47 +33,95 @@ pub const STS_URL_ENV: &str = "REGBROKER_GCP_STS_URL";
 /// Env var replacing the IAM Credentials base URL.
 pub const IAM_CREDENTIALS_URL_ENV: &str = "REGBROKER_GCP_IAM_CREDENTIALS_URL";
 
-pub(crate) const P_PROVIDER: &str = "workload_identity_provider";
+/// Env var naming this GKE cluster (`projects/PROJECT_ID/locations/LOCATION/clusters/NAME`):
+/// a ServiceAccount without [`PROVIDER_ANNOTATION`] then uses GKE's own workload pool.
+pub const GKE_CLUSTER_ENV: &str = "REGBROKER_GKE_CLUSTER";
+
+/// The STS audience of a bound target.
+pub(crate) const P_PROVIDER: &str = "sts_audience";
 pub(crate) const P_SERVICE_ACCOUNT: &str = "gcp_service_account";
 
-/// The workload identity provider the annotations name, checked; `who` names the
-/// ServiceAccount in messages.
-fn provider_of(
+/// Where a workload's token is exchanged.
+enum Federation {
+    /// A workload identity provider (the annotation): token audience and STS audience
+    /// `//iam.<universe>/<provider>`.
+    Provider(String),
+    /// GKE's own pool: token audience `<project>.svc.id.goog`, STS audience
+    /// `identitynamespace:<project>.svc.id.goog:https://container.googleapis.com/v1/<cluster>`.
+    Gke { project: String, cluster: String },
+}
+
+impl Federation {
+    /// The audience of the ServiceAccount token.
+    fn token_audience(&self, universe: &str) -> String {
+        match self {
+            Federation::Provider(p) => format!("//iam.{universe}/{p}"),
+            Federation::Gke { project, .. } => format!("{project}.svc.id.goog"),
+        }
+    }
+
+    /// The audience of the STS exchange.
+    fn sts_audience(&self, universe: &str) -> String {
+        match self {
+            Federation::Provider(p) => format!("//iam.{universe}/{p}"),
+            Federation::Gke { project, cluster } => format!(
+                "identitynamespace:{project}.svc.id.goog:https://container.googleapis.com/v1/{cluster}"
+            ),
+        }
+    }
+}
+
+/// The federation the annotations name (checked), else GKE's own pool when
+/// [`GKE_CLUSTER_ENV`] names the cluster; `who` names the ServiceAccount in messages.
+fn federation_of(
+    env: &Env,
     annotations: &std::collections::BTreeMap<String, String>,
     who: &str,
-) -> Result<String, Error> {
+) -> Result<Federation, Error> {
     match annotations.get(PROVIDER_ANNOTATION) {
-        Some(p) if is_provider(p) => Ok(p.to_string()),
+        Some(p) if is_provider(p) => Ok(Federation::Provider(p.to_string())),
         Some(p) => Err(Error::invalid_config(format!(
             "{who}: annotation {PROVIDER_ANNOTATION} = `{}` is not a workload identity provider (projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER)",
             shown(p)
         ))),
-        None => Err(Error::identity_missing(format!(
-            "{who} has no {PROVIDER_ANNOTATION}: annotate it with the workload identity provider that trusts this cluster's issuer (GKE's own pool is not detected yet)"
-        ))),
+        None => match env.get(GKE_CLUSTER_ENV) {
+            Some(c) => match gke_cluster(&c) {
+                Some(project) => Ok(Federation::Gke {
+                    project,
+                    cluster: c.trim().to_string(),
+                }),
+                None => Err(Error::invalid_config(format!(
+                    "{GKE_CLUSTER_ENV} = `{}` is not projects/PROJECT_ID/locations/LOCATION/clusters/NAME",
+                    shown(&c)
+                ))),
+            },
+            None => Err(Error::identity_missing(format!(
+                "{who} has no {PROVIDER_ANNOTATION}, and {GKE_CLUSTER_ENV} does not name a GKE cluster: annotate it with the workload identity provider that trusts this cluster's issuer, or set {GKE_CLUSTER_ENV} to use GKE's own workload pool"
+            ))),
+        },
     }
 }
 
-/// The STS audience for the provider the annotations name: `//iam.<universe>/<provider>`.
+/// The token audience for the annotations (see [`Federation::token_audience`]).
 pub(crate) fn audience(
+    env: &Env,
     annotations: &std::collections::BTreeMap<String, String>,
     universe: &str,
 ) -> Result<String, Error> {
-    Ok(format!(
-        "//iam.{universe}/{}",
-        provider_of(annotations, "the ServiceAccount")?
-    ))
+    Ok(federation_of(env, annotations, "the ServiceAccount")?.token_audience(universe))
 }
 
-/// `target` bound to `workload`: the provider and service account from its annotations,
-/// checked, in the scope and the parameters.
+/// `target` bound to `workload`: the federation and service account from its annotations
+/// (or the GKE cluster setting), checked, in the scope and the parameters.
 pub(crate) fn bind(
+    env: &Env,
     target: Target,
     workload: WorkloadIdentity,
     universe: &str,
 ) -> Result<Target, Error> {
     let sa = workload.service_account();
-    let provider = provider_of(workload.annotations(), &format!("ServiceAccount {sa}"))?;
+    let provider = federation_of(env, workload.annotations(), &format!("ServiceAccount {sa}"))?
+        .sts_audience(universe);
     let email = match workload.annotation(SERVICE_ACCOUNT_ANNOTATION) {
         None => None,
         Some(e) if is_email(e) => Some(e.to_string()),
@@ -83,7 +133,7 @@ pub(crate) fn bind(
         }
     };
     let scope = format!(
-        "wif={provider}|as={}@{universe}",
+        "sts={provider}|as={}@{universe}",
         email.as_deref().unwrap_or("-")
     );
     let mut t = Target::new(target.registry().clone(), scope).with_param(P_PROVIDER, provider);
@@ -130,12 +180,30 @@ pub(crate) fn federation(
         }
     };
     Ok(crate::external_account::ExternalAccount::for_workload(
-        format!("//iam.{universe}/{provider}"),
+        provider.to_string(),
         sts,
         impersonation,
         universe.to_string(),
         workload.token().clone(),
     ))
+}
+
+/// The project id of `projects/<project>/locations/<location>/clusters/<name>`, checked.
+fn gke_cluster(s: &str) -> Option<String> {
+    let label = |x: &str, max: usize| {
+        !x.is_empty()
+            && x.len() <= max
+            && x.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    };
+    match s.trim().split('/').collect::<Vec<_>>().as_slice() {
+        ["projects", project, "locations", location, "clusters", name]
+            if label(project, 30) && label(location, 40) && label(name, 40) =>
+        {
+            Some(project.to_string())
+        }
+        _ => None,
+    }
 }
 
 /// `projects/<digits>/locations/global/workloadIdentityPools/<id>/providers/<id>`.

@@ -64,7 +64,8 @@ async fn a_workloads_token_is_exchanged_for_its_provider_and_impersonates_its_ac
     let w = workload(&jwt, &[(PROVIDER_ANNOTATION, PROVIDER)]);
     let t = p.bind_workload(p.recognise(&registry).unwrap(), w).unwrap();
     assert!(
-        t.scope().starts_with("sa=team-a/puller/u-1|wif="),
+        t.scope()
+            .starts_with("sa=team-a/puller/u-1|sts=//iam.googleapis.com/"),
         "{}",
         t.scope()
     );
@@ -143,4 +144,59 @@ async fn a_missing_or_malformed_annotation_is_an_error_naming_it() {
         .unwrap_err();
     assert!(e.message().contains(SERVICE_ACCOUNT_ANNOTATION), "{e}");
     assert!(!e.message().contains(&jwt));
+}
+
+/// GKE's own workload pool, when `REGBROKER_GKE_CLUSTER` names the cluster and the
+/// ServiceAccount names no provider: token audience `<project>.svc.id.goog`, STS audience
+/// `identitynamespace:...` with the cluster's URL (what GKE's metadata server does).
+#[tokio::test]
+async fn gkes_own_pool_is_used_when_the_cluster_is_named() {
+    use regbroker_gcp::workload::GKE_CLUSTER_ENV;
+    let fed = Federation::default();
+    let fake = start_federation(fed.clone()).await;
+    let clock = ManualClock::fixed();
+    let cluster = "projects/my-project/locations/europe-west1/clusters/prod";
+    let p = provider(
+        &[
+            (GKE_CLUSTER_ENV, cluster),
+            (STS_URL_ENV, &fake.url("/v1/token")),
+            (IAM_CREDENTIALS_URL_ENV, &fake.url("")),
+        ],
+        &clock,
+    );
+    assert_eq!(
+        p.workload_audience(&Default::default()).unwrap(),
+        "my-project.svc.id.goog"
+    );
+    let jwt = token("team-a");
+    let w = workload(&jwt, &[(SERVICE_ACCOUNT_ANNOTATION, EMAIL)]);
+    let registry = Registry::parse("europe-docker.pkg.dev").unwrap();
+    let t = p.bind_workload(p.recognise(&registry).unwrap(), w).unwrap();
+    let c = p.fetch(&t).await.unwrap();
+    assert_eq!(c.secret().expose_secret(), "ya29.impersonated");
+    let sent = form(&fed.sts.all()[0].body);
+    assert_eq!(
+        sent.get("audience").map(String::as_str),
+        Some(
+            "identitynamespace:my-project.svc.id.goog:https://container.googleapis.com/v1/projects/my-project/locations/europe-west1/clusters/prod"
+        )
+    );
+    assert_eq!(sent.get("subject_token"), Some(&jwt));
+    // The annotation still wins over the cluster's pool.
+    let w = workload(&jwt, &[(PROVIDER_ANNOTATION, PROVIDER)]);
+    let t = p.bind_workload(p.recognise(&registry).unwrap(), w).unwrap();
+    assert!(
+        t.scope()
+            .contains("//iam.googleapis.com/projects/123456789/"),
+        "{}",
+        t.scope()
+    );
+
+    // A setting that is not a cluster is an error naming it.
+    let bad = provider(&[(GKE_CLUSTER_ENV, "prod")], &clock);
+    let e = bad
+        .bind_workload(bad.recognise(&registry).unwrap(), workload(&jwt, &[]))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig);
+    assert!(e.message().contains(GKE_CLUSTER_ENV), "{e}");
 }
