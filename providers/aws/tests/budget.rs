@@ -1,11 +1,11 @@
 //! Upstream budgets (issue 15.7): many identities fetched at once stay inside ECR's rate
 //! limit instead of being throttled.
 //!
-//! An in-process fake stands in for STS (`AssumeRoleWithWebIdentity`, any role, answered
-//! at once) and ECR (`GetAuthorizationToken`), which enforces ECR's documented limit, a
-//! token bucket of 20 calls per second with a burst of 200 per account and region,
-//! exactly, answering `ThrottlingException` beyond it, and counts those answers. moto has
-//! no rate limits, and real ECR cannot be asked here.
+//! An in-process fake (`common::sts_ecr`) stands in for STS (`AssumeRoleWithWebIdentity`,
+//! any role, answered at once) and ECR (`GetAuthorizationToken`), which enforces ECR's
+//! documented limit, a token bucket of 20 calls per second with a burst of 200 per account
+//! and region, exactly, answering `ThrottlingException` beyond it, and counts those
+//! answers. moto has no rate limits, and real ECR cannot be asked here.
 //!
 //! `restart_with_many_identities_is_never_throttled` runs 400 identities (a few seconds);
 //! `benchmark_restart_with_5000_identities` (ignored; `cargo test -p regbroker-aws --test
@@ -13,15 +13,12 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::{Arc, Mutex};
+mod common;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
+use common::sts_ecr::{Fake, PASSWORD, start};
 use regbroker_aws::{AwsProvider, CallSettings};
 use regbroker_provider::test_util::service_account_jwt;
 use regbroker_provider::{ExposeSecret, Provider, Registry, WorkloadIdentity};
@@ -29,90 +26,6 @@ use regbroker_provider::{ExposeSecret, Provider, Registry, WorkloadIdentity};
 const HOST: &str = "555555555555.dkr.ecr.us-east-1.amazonaws.com";
 /// Every tenant role is in one account: one ECR bucket for all of them.
 const ACCOUNT: &str = "111111111111";
-
-/// ECR's limit, enforced by the fake: GCRA with the same rate and burst.
-struct Bucket {
-    tat: Option<Instant>,
-    interval: Duration,
-    burst: u32,
-}
-
-impl Bucket {
-    fn allow(&mut self, now: Instant) -> bool {
-        let tat = self.tat.map_or(now, |t| t.max(now));
-        let span = self.interval * (self.burst - 1);
-        if tat > now + span {
-            return false;
-        }
-        self.tat = Some(tat + self.interval);
-        true
-    }
-}
-
-#[derive(Default)]
-struct Counts {
-    sts: usize,
-    ecr_ok: usize,
-    throttled: usize,
-}
-
-struct Fake {
-    bucket: Mutex<Bucket>,
-    counts: Mutex<Counts>,
-}
-
-async fn handle(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) -> Response {
-    let body = String::from_utf8_lossy(&body);
-    if body.contains("Action=AssumeRoleWithWebIdentity") {
-        fake.counts.lock().unwrap().sts += 1;
-        let xml = format!(
-            r#"<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><AssumeRoleWithWebIdentityResult><Credentials><AccessKeyId>ASIAFAKE{ACCOUNT}</AccessKeyId><SecretAccessKey>fake-secret</SecretAccessKey><SessionToken>fake-session</SessionToken><Expiration>2099-01-01T00:00:00Z</Expiration></Credentials><SubjectFromWebIdentityToken>s</SubjectFromWebIdentityToken><AssumedRoleUser><Arn>arn:aws:sts::{ACCOUNT}:assumed-role/r/s</Arn><AssumedRoleId>AROA:s</AssumedRoleId></AssumedRoleUser></AssumeRoleWithWebIdentityResult><ResponseMetadata><RequestId>1</RequestId></ResponseMetadata></AssumeRoleWithWebIdentityResponse>"#
-        );
-        return ([("content-type", "text/xml")], xml).into_response();
-    }
-    let target = headers
-        .get("x-amz-target")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    if target.ends_with("GetAuthorizationToken") {
-        let allowed = fake.bucket.lock().unwrap().allow(Instant::now());
-        let mut counts = fake.counts.lock().unwrap();
-        if !allowed {
-            counts.throttled += 1;
-            return (
-                axum::http::StatusCode::BAD_REQUEST,
-                [("content-type", "application/x-amz-json-1.1")],
-                r#"{"__type":"ThrottlingException","message":"Rate exceeded"}"#,
-            )
-                .into_response();
-        }
-        counts.ecr_ok += 1;
-        let token = base64::engine::general_purpose::STANDARD.encode("AWS:ecr-password");
-        let body = format!(
-            r#"{{"authorizationData":[{{"authorizationToken":"{token}","expiresAt":4102444800,"proxyEndpoint":"https://{HOST}"}}]}}"#
-        );
-        return ([("content-type", "application/x-amz-json-1.1")], body).into_response();
-    }
-    (axum::http::StatusCode::NOT_FOUND, "unknown call").into_response()
-}
-
-async fn start() -> (Arc<Fake>, String, tokio::task::JoinHandle<()>) {
-    let fake = Arc::new(Fake {
-        bucket: Mutex::new(Bucket {
-            tat: None,
-            interval: Duration::from_millis(50),
-            burst: 200,
-        }),
-        counts: Mutex::new(Counts::default()),
-    });
-    let app = Router::new().fallback(handle).with_state(fake.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
-    (fake, url, task)
-}
 
 /// `n` workload identities (one ServiceAccount and role each, all roles in [`ACCOUNT`])
 /// fetched at once, as after a restart; returns the time until the last one had its
@@ -156,7 +69,7 @@ async fn restart(n: usize) -> (Duration, Arc<Fake>) {
         .collect();
     for t in tasks {
         let c = t.await.unwrap().unwrap();
-        assert_eq!(c.secret().expose_secret(), "ecr-password");
+        assert_eq!(c.secret().expose_secret(), PASSWORD);
     }
     (started.elapsed(), fake)
 }

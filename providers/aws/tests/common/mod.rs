@@ -13,6 +13,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod fake;
+pub mod sts_ecr;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
