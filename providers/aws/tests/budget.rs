@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use common::sts_ecr::{Fake, PASSWORD, start};
 use regbroker_aws::{AwsProvider, CallSettings};
 use regbroker_provider::test_util::service_account_jwt;
-use regbroker_provider::{ExposeSecret, Provider, Registry, WorkloadIdentity};
+use regbroker_provider::{ExposeSecret, Provider, Rate, Registry, WorkloadIdentity};
 
 const HOST: &str = "555555555555.dkr.ecr.us-east-1.amazonaws.com";
 /// Every tenant role is in one account: one ECR bucket for all of them.
@@ -31,11 +31,21 @@ const ACCOUNT: &str = "111111111111";
 /// fetched at once, as after a restart; returns the time until the last one had its
 /// credential.
 async fn restart(n: usize) -> (Duration, Arc<Fake>) {
+    restart_in(&[ACCOUNT], n, None).await
+}
+
+/// [`restart`] with `n` identities in each of `accounts`, and the STS budget `sts` (else
+/// the default).
+async fn restart_in(accounts: &[&str], n: usize, sts: Option<Rate>) -> (Duration, Arc<Fake>) {
     let (fake, url, _task) = start().await;
     // The SDK's own retries stay on (3 attempts): a throttled call would be retried and
     // succeed, so the test counts throttled answers, not failures.
+    let mut builder = AwsProvider::builder();
+    if let Some(r) = sts {
+        builder = builder.sts_rate(r);
+    }
     let provider = Arc::new(
-        AwsProvider::builder()
+        builder
             .endpoint_url(url)
             .calls(CallSettings {
                 operation_timeout: Duration::from_secs(600),
@@ -46,16 +56,26 @@ async fn restart(n: usize) -> (Duration, Arc<Fake>) {
     );
     let registry = Registry::parse(HOST).unwrap();
     let started = Instant::now();
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
+    let identities: Vec<(usize, String)> = accounts
+        .iter()
+        .flat_map(|a| (0..n).map(move |i| (i, a.to_string())))
+        .collect();
+    let tasks: Vec<_> = identities
+        .into_iter()
+        .map(|(i, account)| {
             let provider = provider.clone();
             let registry = registry.clone();
             tokio::spawn(async move {
                 let workload = WorkloadIdentity::from_token(
-                    service_account_jwt(&format!("tenant-{i}"), "puller", &format!("u-{i}")).into(),
+                    service_account_jwt(
+                        &format!("tenant-{i}-{account}"),
+                        "puller",
+                        &format!("u-{i}"),
+                    )
+                    .into(),
                     [(
                         "eks.amazonaws.com/role-arn".to_string(),
-                        format!("arn:aws:iam::{ACCOUNT}:role/tenant-{i}"),
+                        format!("arn:aws:iam::{account}:role/tenant-{i}"),
                     )]
                     .into(),
                 )
@@ -87,6 +107,19 @@ async fn restart_with_many_identities_is_never_throttled() {
     let floor = Duration::from_millis(50 * (n as u64 - 180));
     assert!(took >= floor, "faster than ECR allows: {took:?}");
     assert!(took < floor + Duration::from_secs(20), "took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_caller_account_has_a_budget_of_its_own() {
+    // 170 identities in each of two accounts: within each account's burst, so neither
+    // waits for the other (one shared budget would make the second half wait 8 s).
+    // STS's own budget (50 per second, burst 100, per region) is not under test here.
+    let sts = Rate::new(10_000.0, 10_000);
+    let (took, fake) = restart_in(&["111111111111", "222222222222"], 170, sts).await;
+    let c = fake.counts.lock().unwrap();
+    assert_eq!(c.throttled, 0);
+    assert_eq!(c.ecr_ok, 340);
+    assert!(took < Duration::from_secs(5), "took {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! An in-process fake of STS `AssumeRoleWithWebIdentity` and of ECR's and ECR Public's
 //! `GetAuthorizationToken`, for what moto cannot do: enforce ECR's rate limit (a token
-//! bucket of 20 per second, burst 200, exactly, answering `ThrottlingException` beyond
-//! it) and serve ECR Public. The assumed credentials' access key id names the role's
+//! bucket of 20 per second, burst 200, per caller account, exactly, answering
+//! `ThrottlingException` beyond it) and serve ECR Public. The assumed credentials' access key id names the role's
 //! account (`ASIA<account>`), and the fake records the key id each ECR call was signed
 //! with, so a test can tell whose credentials reached ECR.
 
@@ -48,7 +48,8 @@ pub struct Counts {
 }
 
 pub struct Fake {
-    bucket: Mutex<Bucket>,
+    /// One bucket per caller account (the access key id names it), as ECR's limit is.
+    buckets: Mutex<std::collections::HashMap<String, Bucket>>,
     pub counts: Mutex<Counts>,
 }
 
@@ -106,7 +107,24 @@ async fn handle(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) 
     if !target.ends_with("GetAuthorizationToken") {
         return (axum::http::StatusCode::NOT_FOUND, "unknown call").into_response();
     }
-    let allowed = fake.bucket.lock().unwrap().allow(Instant::now());
+    let key_id = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|a| a.split("Credential=").nth(1))
+        .and_then(|c| c.split('/').next())
+        .unwrap_or("")
+        .to_string();
+    let allowed = fake
+        .buckets
+        .lock()
+        .unwrap()
+        .entry(key_id.clone())
+        .or_insert_with(|| Bucket {
+            tat: None,
+            interval: Duration::from_millis(50),
+            burst: 200,
+        })
+        .allow(Instant::now());
     let mut counts = fake.counts.lock().unwrap();
     if !allowed {
         counts.throttled += 1;
@@ -117,13 +135,6 @@ async fn handle(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) 
         )
             .into_response();
     }
-    let key_id = headers
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|a| a.split("Credential=").nth(1))
-        .and_then(|c| c.split('/').next())
-        .unwrap_or("")
-        .to_string();
     counts.signed_with.push(key_id);
     let public = target.starts_with("SpencerFrontendService");
     let b64 = |p: &str| base64::engine::general_purpose::STANDARD.encode(format!("AWS:{p}"));
@@ -147,11 +158,7 @@ async fn handle(State(fake): State<Arc<Fake>>, headers: HeaderMap, body: Bytes) 
 /// server task (aborted on drop of the handle's owner).
 pub async fn start() -> (Arc<Fake>, String, tokio::task::JoinHandle<()>) {
     let fake = Arc::new(Fake {
-        bucket: Mutex::new(Bucket {
-            tat: None,
-            interval: Duration::from_millis(50),
-            burst: 200,
-        }),
+        buckets: Mutex::new(std::collections::HashMap::new()),
         counts: Mutex::new(Counts::default()),
     });
     let app = Router::new().fallback(handle).with_state(fake.clone());
