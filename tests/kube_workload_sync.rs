@@ -64,8 +64,7 @@ fn moto_state(moto: &Emulator) -> String {
 
 /// A broker whose only provider is AWS, every endpoint moto, and this process's own
 /// identity absent: a workload's pull can only be its own.
-fn broker(moto: &Emulator) -> Arc<Broker> {
-    let metrics = Arc::new(Metrics::new());
+fn broker(moto: &Emulator, metrics: Arc<Metrics>) -> Arc<Broker> {
     let aws = regbroker_aws::AwsProvider::builder()
         .endpoint_url(format!("http://{}", moto.addr))
         .build();
@@ -203,7 +202,8 @@ async fn each_secret_holds_only_its_own_registries_with_its_own_identity() {
         ],
         ..Default::default()
     };
-    let sync = SecretSync::start(broker(&moto), config, client).await;
+    let metrics = Arc::new(Metrics::new());
+    let sync = SecretSync::start(broker(&moto, metrics.clone()), config, client).await;
     let outcomes: Vec<Option<Outcome>> = sync.outcomes().into_iter().map(|(_, o)| o).collect();
     assert_eq!(
         outcomes,
@@ -249,6 +249,23 @@ async fn each_secret_holds_only_its_own_registries_with_its_own_identity() {
     );
     assert!(!text.contains("eyJhbGciOi"), "a JWT in the log");
     assert!(!text.contains("auth-token"), "a credential in the log");
+    // Metrics count the fetches, and name no tenant, ServiceAccount, role or credential.
+    let exposed = metrics.encode();
+    assert!(exposed.contains("regbroker_"), "{exposed}");
+    for never in [
+        a.as_str(),
+        b.as_str(),
+        c.as_str(),
+        "puller",
+        "role/",
+        "auth-token",
+        "eyJ",
+    ] {
+        assert!(
+            !exposed.contains(never),
+            "{never} in the metrics:\n{exposed}"
+        );
+    }
 }
 
 #[tokio::test]
