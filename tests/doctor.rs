@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
-use registry_peer::{Emulator, closed_port, peer};
+use registry_peer::{Emulator, closed_port, moto, peer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 const ECR_HOST: &str = "123456789012.dkr.ecr.us-east-1.amazonaws.com";
@@ -324,16 +324,6 @@ fn irsa_token_file_missing_expired_or_from_the_future() {
         "{}",
         run.out
     );
-}
-
-fn moto() -> Emulator {
-    let bin = peer("moto_server", "pip install 'moto[server]'");
-    Emulator::start(
-        &bin,
-        &["-H", "127.0.0.1", "-p", "PORT"],
-        "/moto-api/data.json",
-        &[("TZ", "UTC")],
-    )
 }
 
 #[test]

@@ -30,37 +30,13 @@ use regbroker::broker::static_secret;
 use regbroker::metrics::Metrics;
 use regbroker::sinks::secret_sync::{Config, Entry, Outcome, SecretRef, SecretSync};
 use regbroker_provider::Registry;
-use registry_peer::{Emulator, peer};
+use registry_peer::{Emulator, moto};
 
 const HOST: &str = "555555555555.dkr.ecr.us-east-1.amazonaws.com";
 const OTHER_HOST: &str = "666666666666.dkr.ecr.us-east-1.amazonaws.com";
 const ROLE_A: &str = "arn:aws:iam::111111111111:role/team-a-puller";
 const ROLE_B: &str = "arn:aws:iam::222222222222:role/team-b-puller";
 const SECRET: &str = "regbroker-pull";
-
-fn moto() -> Emulator {
-    let bin = peer("moto_server", "pip install 'moto[server]'");
-    Emulator::start(
-        &bin,
-        &["-H", "127.0.0.1", "-p", "PORT"],
-        "/moto-api/data.json",
-        &[("TZ", "UTC")],
-    )
-}
-
-fn moto_state(moto: &Emulator) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(&moto.addr).unwrap();
-    write!(
-        s,
-        "GET /moto-api/data.json HTTP/1.0\r\nHost: {}\r\n\r\n",
-        moto.addr
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
 
 /// A broker whose only provider is AWS, every endpoint moto, and this process's own
 /// identity absent: a workload's pull can only be its own.
@@ -233,7 +209,7 @@ async fn each_secret_holds_only_its_own_registries_with_its_own_identity() {
         auths(cp, &c).await.is_empty(),
         "team-c has no identity: nothing"
     );
-    let state = moto_state(&moto);
+    let state = moto.get("/moto-api/data.json");
     for ns in [&a, &b] {
         assert!(
             state.contains(&format!("regbroker-{ns}-puller")),

@@ -25,7 +25,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use control_plane::ControlPlane;
-use registry_peer::{Emulator, peer};
+use registry_peer::{Emulator, moto};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 
@@ -35,31 +35,6 @@ const HOST: &str = "555555555555.dkr.ecr.us-east-1.amazonaws.com";
 const ROLE_A: &str = "arn:aws:iam::111111111111:role/team-a-puller";
 const ROLE_B: &str = "arn:aws:iam::222222222222:role/team-b-puller";
 const ECR_ROLE: &str = "eks.amazonaws.com/ecr-role-arn";
-
-fn moto() -> Emulator {
-    let bin = peer("moto_server", "pip install 'moto[server]'");
-    Emulator::start(
-        &bin,
-        &["-H", "127.0.0.1", "-p", "PORT"],
-        "/moto-api/data.json",
-        &[("TZ", "UTC")],
-    )
-}
-
-/// moto's state dump (every role session it handed out is in it).
-fn moto_state(moto: &Emulator) -> String {
-    use std::io::Read;
-    let mut s = std::net::TcpStream::connect(&moto.addr).unwrap();
-    write!(
-        s,
-        "GET /moto-api/data.json HTTP/1.0\r\nHost: {}\r\n\r\n",
-        moto.addr
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
 
 struct Run {
     code: Option<i32>,
@@ -193,7 +168,7 @@ async fn each_workload_pulls_with_its_own_role_and_never_anothers() {
     );
     assert_eq!(password(&a), "111111111111-auth-token");
     assert_eq!(password(&b), "222222222222-auth-token");
-    let state = moto_state(&moto);
+    let state = moto.get("/moto-api/data.json");
     for ns in [&ns_a, &ns_b] {
         let session = format!("regbroker-{ns}-puller");
         assert!(state.contains(&session), "moto saw no session {session}");
@@ -250,7 +225,8 @@ async fn a_tenant_naming_another_tenants_role_never_gets_its_cached_credential()
         &request(Some(&token_b), &[(ECR_ROLE, ROLE_B)]),
     );
     assert_eq!(password(&b), "222222222222-auth-token");
-    let before = moto_state(&moto)
+    let before = moto
+        .get("/moto-api/data.json")
         .matches(&format!("regbroker-{ns_a}-puller"))
         .count();
     assert_eq!(before, 0);
@@ -265,7 +241,8 @@ async fn a_tenant_naming_another_tenants_role_never_gets_its_cached_credential()
     );
     assert_eq!(forged.code, Some(0), "{}", forged.err);
     assert!(
-        moto_state(&moto).contains(&format!("regbroker-{ns_a}-puller")),
+        moto.get("/moto-api/data.json")
+            .contains(&format!("regbroker-{ns_a}-puller")),
         "team-a's token was not exchanged: the answer came from another entry"
     );
     assert_eq!(

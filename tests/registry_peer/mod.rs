@@ -274,6 +274,28 @@ impl Emulator {
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(self.cwd.path().join("stderr.log")).unwrap_or_default()
     }
+
+    /// The whole answer (status line, headers, body) to a plain `GET path`.
+    pub fn get(&self, path: &str) -> String {
+        let mut s = std::net::TcpStream::connect(&self.addr).unwrap();
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.addr).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+}
+
+/// moto_server (PyPI `moto[server]`) on a free loopback port, in UTC (moto stamps ECR's
+/// `expiresAt` with the local time zone). `moto.get("/moto-api/data.json")` is its state,
+/// every role session it handed out included.
+pub fn moto() -> Emulator {
+    let bin = peer("moto_server", "pip install 'moto[server]'");
+    Emulator::start(
+        &bin,
+        &["-H", "127.0.0.1", "-p", "PORT"],
+        "/moto-api/data.json",
+        &[("TZ", "UTC")],
+    )
 }
 
 impl Drop for Emulator {

@@ -218,6 +218,17 @@ pub fn fingerprint(parts: &[(&str, Option<&str>)]) -> String {
         .collect()
 }
 
+/// At most `max` characters of an untrusted value, for a one-line error message: anything
+/// but printable ASCII becomes `?`, so a value can neither break the line nor smuggle
+/// control characters into a log.
+pub fn printable(value: &str, max: usize) -> String {
+    value
+        .chars()
+        .take(max)
+        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+        .collect()
+}
+
 /// Rejects every option key not in `known`, naming the first unknown one.
 pub fn check_known_options(
     provider: &str,

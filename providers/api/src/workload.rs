@@ -50,13 +50,13 @@ impl ServiceAccount {
         if !is_dns_subdomain(&namespace) {
             return Err(Error::invalid_config(format!(
                 "ServiceAccount namespace `{}` is not a Kubernetes name",
-                shown(&namespace)
+                crate::printable(&namespace, 64)
             )));
         }
         if !is_dns_subdomain(&name) {
             return Err(Error::invalid_config(format!(
                 "ServiceAccount name `{}` is not a Kubernetes name",
-                shown(&name)
+                crate::printable(&name, 64)
             )));
         }
         if let Some(u) = &uid
@@ -66,7 +66,7 @@ impl ServiceAccount {
         {
             return Err(Error::invalid_config(format!(
                 "ServiceAccount UID `{}` is not a UID",
-                shown(u)
+                crate::printable(u, 64)
             )));
         }
         Ok(ServiceAccount {
@@ -227,7 +227,7 @@ fn check_annotations(annotations: &BTreeMap<String, String>) -> Result<(), Error
     {
         return Err(Error::invalid_config(format!(
             "ServiceAccount annotation `{}` is too long",
-            shown(k)
+            crate::printable(k, 64)
         )));
     }
     Ok(())
@@ -281,14 +281,6 @@ fn is_dns_subdomain(s: &str) -> bool {
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
-}
-
-/// At most 64 printable characters of an untrusted value, for a message.
-fn shown(s: &str) -> String {
-    s.chars()
-        .take(64)
-        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
-        .collect()
 }
 
 #[cfg(test)]

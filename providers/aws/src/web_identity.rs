@@ -46,7 +46,7 @@ pub fn role_of(workload: &WorkloadIdentity) -> Result<&str, Error> {
         Some((_, role)) if is_role_arn(role) => Ok(role),
         Some((key, role)) => Err(Error::invalid_config(format!(
             "ServiceAccount {sa}: annotation {key} = `{}` is not an IAM role ARN (arn:aws:iam::123456789012:role/NAME)",
-            shown(role)
+            regbroker_provider::printable(role, 80)
         ))),
         None => Err(Error::identity_missing(format!(
             "ServiceAccount {sa} has neither {ECR_ROLE_ANNOTATION} nor {ROLE_ANNOTATION}: annotate it with the IAM role its pulls should use (EKS Pod Identity cannot act for another ServiceAccount, so a workload's own identity needs a role annotation)"
@@ -155,14 +155,6 @@ pub(crate) fn within_session(
         ),
         _ => credential,
     }
-}
-
-/// A value for an error message: printable ASCII only, at most 80 characters.
-fn shown(v: &str) -> String {
-    v.chars()
-        .take(80)
-        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
-        .collect()
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ pub(crate) fn client_of(
         Some((key, v)) => {
             return Err(Error::invalid_config(format!(
                 "ServiceAccount {sa}: annotation {key} = `{}` is not a client id (a GUID)",
-                shown(v)
+                regbroker_provider::printable(v, 80)
             )));
         }
         None => {
@@ -60,7 +60,7 @@ pub(crate) fn client_of(
         Some((key, v)) => {
             return Err(Error::invalid_config(format!(
                 "ServiceAccount {sa}: annotation {key} = `{}` is not a tenant (a GUID or a domain name)",
-                shown(v)
+                regbroker_provider::printable(v, 80)
             )));
         }
         None => match default_tenant {
@@ -135,13 +135,6 @@ fn is_tenant(s: &str) -> bool {
                     && l.len() <= 63
                     && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-')
             }))
-}
-
-fn shown(v: &str) -> String {
-    v.chars()
-        .take(80)
-        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
-        .collect()
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ fn federation_of(
         Some(p) if is_provider(p) => Ok(Federation::Provider(p.to_string())),
         Some(p) => Err(Error::invalid_config(format!(
             "{who}: annotation {PROVIDER_ANNOTATION} = `{}` is not a workload identity provider (projects/NUMBER/locations/global/workloadIdentityPools/POOL/providers/PROVIDER)",
-            shown(p)
+            regbroker_provider::printable(p, 80)
         ))),
         None => match env.get(GKE_CLUSTER_ENV) {
             Some(c) => match gke_cluster(&c) {
@@ -92,7 +92,7 @@ fn federation_of(
                 }),
                 None => Err(Error::invalid_config(format!(
                     "{GKE_CLUSTER_ENV} = `{}` is not projects/PROJECT_ID/locations/LOCATION/clusters/NAME",
-                    shown(&c)
+                    regbroker_provider::printable(&c, 80)
                 ))),
             },
             None => Err(Error::identity_missing(format!(
@@ -128,7 +128,7 @@ pub(crate) fn bind(
         Some(e) => {
             return Err(Error::invalid_config(format!(
                 "ServiceAccount {sa}: annotation {SERVICE_ACCOUNT_ANNOTATION} = `{}` is not a service account email",
-                shown(e)
+                regbroker_provider::printable(e, 80)
             )));
         }
     };
@@ -232,13 +232,6 @@ fn is_email(s: &str) -> bool {
     };
     s.len() <= 254
         && matches!(s.split_once('@'), Some((name, domain)) if ok(name) && ok(domain) && domain.contains('.'))
-}
-
-fn shown(v: &str) -> String {
-    v.chars()
-        .take(80)
-        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
-        .collect()
 }
 
 #[cfg(test)]
