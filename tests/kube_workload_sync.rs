@@ -28,7 +28,7 @@ use regbroker::broker::providers::Providers;
 use regbroker::broker::routing::Router;
 use regbroker::broker::static_secret;
 use regbroker::metrics::Metrics;
-use regbroker::sinks::secret_sync::{Config, Entry, Outcome, SecretRef, SecretSync};
+use regbroker::sinks::secret_sync::{Config, Entry, Outcome, SecretRef, SecretSync, Tokens};
 use regbroker_provider::Registry;
 use registry_peer::{Emulator, moto};
 
@@ -285,4 +285,59 @@ async fn the_tenant_rbac_allows_the_named_service_account_only() {
         matches!(&refused, kube::Error::Api(s) if s.code == 403),
         "{refused:?}"
     );
+}
+
+#[tokio::test]
+#[ignore = "needs etcd, kube-apiserver, kubectl from scripts/peers.sh; run scripts/test.sh"]
+async fn service_account_tokens_have_the_clouds_audience_and_are_reused_while_young() {
+    use regbroker_provider::ExposeSecret;
+    let cp = ControlPlane::shared();
+    let a = cp.namespace("team-a").await;
+    service_account(
+        cp,
+        &a,
+        &[("eks.amazonaws.com/role-arn", ROLE_A), ("other/key", "x")],
+    )
+    .await;
+    let tokens = Tokens::new(cp.admin());
+    let (uid, annotations) = tokens.account(&a, "puller").await.unwrap();
+    assert!(!uid.is_empty());
+    assert_eq!(
+        annotations,
+        BTreeMap::from([("eks.amazonaws.com/role-arn".to_string(), ROLE_A.to_string())]),
+        "only identity annotations reach a provider"
+    );
+    let sts = tokens
+        .token(&a, "puller", &uid, "sts.amazonaws.com")
+        .await
+        .unwrap();
+    let claims = regbroker_provider::diagnosis::Claims::of_jwt(sts.expose_secret()).unwrap();
+    assert_eq!(claims.audiences, vec!["sts.amazonaws.com"]);
+    assert_eq!(
+        claims.subject.as_deref(),
+        Some(format!("system:serviceaccount:{a}:puller").as_str())
+    );
+    let life = claims
+        .expires_at
+        .unwrap()
+        .duration_since(claims.issued_at.unwrap())
+        .unwrap();
+    assert_eq!(life, std::time::Duration::from_secs(3600));
+    // The same key again: the kept token, not a new request.
+    let again = tokens
+        .token(&a, "puller", &uid, "sts.amazonaws.com")
+        .await
+        .unwrap();
+    assert_eq!(again.expose_secret(), sts.expose_secret());
+    // Another audience is another token.
+    let entra = tokens
+        .token(&a, "puller", &uid, "api://AzureADTokenExchange")
+        .await
+        .unwrap();
+    let claims = regbroker_provider::diagnosis::Claims::of_jwt(entra.expose_secret()).unwrap();
+    assert_eq!(claims.audiences, vec!["api://AzureADTokenExchange"]);
+    // A ServiceAccount that does not exist is identity_missing, naming it.
+    let e = tokens.account(&a, "nobody").await.unwrap_err();
+    assert_eq!(e.kind(), regbroker_provider::ErrorKind::IdentityMissing);
+    assert!(e.message().contains("nobody"), "{e}");
 }

@@ -272,8 +272,9 @@ type TokenKey = (String, String, String, String);
 type CachedToken = (regbroker_provider::SecretString, tokio::time::Instant);
 
 /// ServiceAccount tokens from TokenRequest, one per (ServiceAccount, UID, audience), kept
-/// in memory only and requested anew well before they expire.
-struct Tokens {
+/// in memory only and requested anew well before they expire: what the Secret sync uses
+/// for a `[[secret]]` with a `service_account` (public for its tests).
+pub struct Tokens {
     client: kube::Client,
     cache: tokio::sync::Mutex<BTreeMap<TokenKey, CachedToken>>,
     /// TokenRequest calls, at most [`TOKEN_REQUEST_RATE`]: a restart with thousands of
@@ -287,9 +288,24 @@ const TOKEN_REQUEST_RATE: regbroker_provider::Rate = regbroker_provider::Rate {
     burst: 20,
 };
 
+impl fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tokens").finish_non_exhaustive()
+    }
+}
+
 impl Tokens {
+    /// Tokens requested through `client`.
+    pub fn new(client: kube::Client) -> Tokens {
+        Tokens {
+            client,
+            cache: tokio::sync::Mutex::new(BTreeMap::new()),
+            budget: regbroker_provider::Budget::new(TOKEN_REQUEST_RATE),
+        }
+    }
+
     /// The ServiceAccount's UID and its identity annotations.
-    async fn account(
+    pub async fn account(
         &self,
         namespace: &str,
         name: &str,
@@ -322,8 +338,9 @@ impl Tokens {
         Ok((uid, annotations))
     }
 
-    /// A token of ServiceAccount `namespace/name` (UID `uid`) for `audience`.
-    async fn token(
+    /// A token of ServiceAccount `namespace/name` (UID `uid`) for `audience`: the one kept
+    /// for that key while it is young enough, else a new one from TokenRequest.
+    pub async fn token(
         &self,
         namespace: &str,
         name: &str,
@@ -587,11 +604,7 @@ impl SecretSync {
         });
         SecretSync {
             broker,
-            tokens: Tokens {
-                client: client.clone(),
-                cache: tokio::sync::Mutex::new(BTreeMap::new()),
-                budget: regbroker_provider::Budget::new(TOKEN_REQUEST_RATE),
-            },
+            tokens: Tokens::new(client.clone()),
             client,
             extra: config.extra,
             targets: shorthand.chain(declared).collect(),
