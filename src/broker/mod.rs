@@ -395,3 +395,75 @@ pub fn build(config: Option<&PathBuf>, docker_config: &[PathBuf]) -> Result<Buil
         secrets: config.secrets,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use regbroker_provider::{BoxFuture, Options};
+
+    /// Recognises `*.test`; refuses every workload with the error kind it was made with.
+    #[derive(Debug)]
+    struct Refusing(ErrorKind);
+
+    impl Provider for Refusing {
+        fn name(&self) -> &'static str {
+            "refusing"
+        }
+        fn recognise(&self, registry: &Registry) -> Option<Target> {
+            registry
+                .host()
+                .ends_with(".test")
+                .then(|| Target::new(registry.clone(), "own"))
+        }
+        fn check_options(&self, _: &Options) -> Result<(), String> {
+            Ok(())
+        }
+        fn target(&self, registry: &Registry, _: &Options) -> Result<Target, Error> {
+            Ok(Target::new(registry.clone(), "own"))
+        }
+        fn bind_workload(&self, _: Target, _: WorkloadIdentity) -> Result<Target, Error> {
+            Err(Error::new(self.0, "refused for this workload"))
+        }
+        fn fetch<'a>(&'a self, _: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
+            Box::pin(async { Err(Error::unavailable("never fetched")) })
+        }
+    }
+
+    fn route(kind: ErrorKind) -> Route {
+        let p: Arc<dyn Provider> = Arc::new(Refusing(kind));
+        let registry = Registry::parse("a.test").unwrap_or_else(|e| panic!("{e}"));
+        let target = p
+            .recognise(&registry)
+            .unwrap_or_else(|| panic!("recognised"));
+        let workload = WorkloadIdentity::from_token(
+            regbroker_provider::test_util::service_account_jwt("team-a", "puller", "u-1").into(),
+            Default::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        bind(Route::Provider(p, target), &workload)
+    }
+
+    #[test]
+    fn a_provider_declining_a_workload_means_not_configured_and_a_refusal_fails() {
+        // Declined (the client goes anonymous, as for a host nobody serves).
+        match route(ErrorKind::NotConfigured) {
+            Route::NotConfigured(m) => assert!(m.contains("refused for this workload"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        // Refused: an error for this workload, never another route.
+        match route(ErrorKind::InvalidConfig) {
+            Route::Failed("refusing", e) => assert_eq!(e.kind(), ErrorKind::InvalidConfig),
+            other => panic!("{other:?}"),
+        }
+        // Routes without a provider are left as they are.
+        let statics = bind(
+            Route::NotConfigured("nothing".into()),
+            &WorkloadIdentity::from_token(
+                regbroker_provider::test_util::service_account_jwt("a", "b", "c").into(),
+                Default::default(),
+            )
+            .unwrap_or_else(|e| panic!("{e}")),
+        );
+        assert!(matches!(statics, Route::NotConfigured(m) if m == "nothing"));
+    }
+}
