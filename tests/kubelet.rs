@@ -135,3 +135,24 @@ fn wrong_api_version_fails_on_stderr() {
     assert!(out.is_empty());
     assert!(err.contains("unsupported apiVersion"), "{err}");
 }
+
+#[test]
+fn an_empty_service_account_token_is_no_token() {
+    // A kubelet without tokenAttributes for this provider sends no token; an empty one
+    // means the same, not a malformed token.
+    let dir = tempfile::tempdir().unwrap();
+    let config = static_config(dir.path());
+    let request = br#"{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"CredentialProviderRequest","image":"registry.example.com:5000/team/app:1","serviceAccountToken":""}"#;
+    let (code, out, err) = provide(request, &config);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        v["auth"]["registry.example.com:5000"]["password"],
+        "kubelet-pw"
+    );
+    // A token that is there but not a ServiceAccount token is refused.
+    let request = br#"{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"CredentialProviderRequest","image":"registry.example.com:5000/team/app:1","serviceAccountToken":"x.y.z"}"#;
+    let (code, out, err) = provide(request, &config);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(err.contains("serviceAccountToken"), "{err}");
+}
