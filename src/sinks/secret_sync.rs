@@ -766,6 +766,14 @@ mod tests {
     }
 
     #[test]
+    fn service_account_tokens_are_renewed_well_before_they_expire_and_not_too_often() {
+        // At least ten minutes of life left at renewal (a slow API server, a clock step),
+        // and no more than two requests per token lifetime (TokenRequest load).
+        assert!(TOKEN_LIFETIME - TOKEN_RENEW_AFTER >= Duration::from_secs(600));
+        assert!(TOKEN_RENEW_AFTER >= TOKEN_LIFETIME / 2);
+    }
+
+    #[test]
     fn backoff_doubles_from_min_to_max() {
         let got: Vec<u64> = (1..=6).map(|n| backoff(n).as_secs()).collect();
         assert_eq!(got, [5, 10, 20, 40, 60, 60]);
