@@ -427,12 +427,10 @@ async fn credential_as(
         .token(namespace, name, &uid, &audience)
         .await
         .map_err(fail)?;
-    let account = regbroker_provider::ServiceAccount::new(
-        namespace,
-        name,
-        Some(uid).filter(|u| !u.is_empty()),
-    )
-    .map_err(fail)?;
+    // Every stored ServiceAccount has a UID; one without (an API anomaly) is refused
+    // rather than cached under a scope a later ServiceAccount of that name would share.
+    let account =
+        regbroker_provider::ServiceAccount::new(namespace, name, Some(uid)).map_err(fail)?;
     let workload =
         regbroker_provider::WorkloadIdentity::new(account, token, annotations).map_err(fail)?;
     broker.fresh_credential_for(registry, &workload).await
