@@ -1,62 +1,228 @@
 #!/usr/bin/env bash
 # Mutation testing over the core with cargo-mutants (configured in .cargo/mutants.toml).
 #
-#   scripts/mutants.sh                        every core file (hours on 2 cores)
+#   scripts/mutants.sh                        every core file, in two passes (below)
 #   scripts/mutants.sh --in-diff origin/main  only mutants in lines changed since that ref
 #   scripts/mutants.sh --file src/broker/cache.rs [--file ...]   some files
-#   scripts/mutants.sh --lib-only ...         only the unit tests (fast; undercounts)
+#   scripts/mutants.sh --unit-only ...        the first pass only (fast; undercounts)
+#   scripts/mutants.sh --jobs 2 ...           two mutants at a time (each job builds in
+#                                             its own copy; 2 cores: about twice as fast)
+#   scripts/mutants.sh --again                pass 2 again, over the last run's survivors
+#                                             only (after adding the tests that kill them)
+#   scripts/mutants.sh ... -- CARGO_TEST_ARGS [-- TEST_BINARY_ARGS]
+#                                             one pass, every mutant with these tests
 #
-# Other arguments pass through to `cargo mutants`. Results land in mutants.out/
-# (caught.txt, missed.txt, timeout.txt, unviable.txt, outcomes.json); record them in
-# TESTING.md. Builds go to their own target directory (REGBROKER_MUTANTS_TARGET, default
-# target/mutants) so that dependencies are built once and reused across runs.
+# Two passes, because building every test binary for each mutant costs a minute on 2
+# cores while the unit tests alone build in seconds:
+#   1. every mutant with its package's unit tests (`cargo test --lib`);
+#   2. the mutants pass 1 missed or timed out, file by file, with the integration tests
+#      scripts/mutants-tests.txt names for that file (the whole package's tests for a file
+#      it does not name), peer tests included: the peers are set up first by
+#      `scripts/test.sh --setup-only`, and the same --skips apply as in scripts/test.sh.
+# Pass 2 names its mutants exactly (a --re of their whole names), so it tests pass 1's
+# survivors and nothing else. Only the mutants pass 2 still misses are survivors.
+#
+# Note the two `--` in the one-pass form: what follows the first goes to `cargo test`,
+# what follows the second to the test binaries (`-- --lib -- --include-ignored`). With one
+# `--`, --include-ignored goes to cargo, which refuses it, and every mutant counts as
+# "caught": check a caught mutant's log (mutants.out/log) when a result looks too good.
+# This script checks that for you: a caught mutant whose log holds no failed test and no
+# timeout is reported as SUSPECT, and the script exits 1.
+#
+# Results land in ${REGBROKER_MUTANTS_OUT:-mutants.out.d}: pass1/, pass2/FILE/, and
+# summary.txt with the totals and every survivor (survivors.txt: names only). Record them
+# in TESTING.md. Other arguments pass through to `cargo mutants` (--timeout, --re, ...);
+# pass 2 keeps all but the selection (--re, --exclude-re, --in-diff, --file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+die() { echo "mutants.sh: $*" >&2; exit 64; }
+log() { echo "mutants.sh: $*" >&2; }
 
 if ! command -v cargo-mutants >/dev/null; then
   echo "cargo-mutants is missing: cargo install --locked cargo-mutants" >&2
   exit 1
 fi
 
-args=()
+args=()        # every pass
+select=()      # pass 1 only: which mutants
+files=()
+again=
 diff_file=""
-while [ $# -gt 0 ]; do
+jobs=${REGBROKER_MUTANTS_JOBS:-1}
+unit_only=
+one_pass=()
+while (($#)); do
   case "$1" in
     --in-diff)
-      [ $# -ge 2 ] || { echo "--in-diff needs a git ref" >&2; exit 64; }
+      (($# >= 2)) || die "--in-diff needs a git ref"
       diff_file=$(mktemp)
-      git diff "$2" -- src providers > "$diff_file"
-      args+=(--in-diff "$diff_file")
+      git diff "$2" -- src providers >"$diff_file"
+      select+=(--in-diff "$diff_file")
       shift 2 ;;
-    --file|-f)
+    --file | -f)
       # cargo-mutants adds --file to the configured globs rather than narrowing them;
       # a regexp on the mutant's name (which starts with its file) narrows.
-      [ $# -ge 2 ] || { echo "--file needs a path" >&2; exit 64; }
-      args+=(--re "^$2:")
+      (($# >= 2)) || die "--file needs a path"
+      [[ -f $2 ]] || die "--file $2: no such file"
+      files+=("$2")
       shift 2 ;;
-    --lib-only)
-      args+=(--cargo-test-arg=--lib)
-      shift ;;
-    -h|--help)
-      sed -n '2,16p' "$0"; exit 0 ;;
+    --jobs | -j)
+      (($# >= 2)) || die "--jobs needs a number"
+      jobs=$2
+      shift 2 ;;
+    --unit-only | --lib-only) unit_only=1; shift ;;
+    --again) again=1; shift ;;
+    --re | -F | --exclude-re | -E)
+      (($# >= 2)) || die "$1 needs a regexp"
+      select+=("$1" "$2")
+      shift 2 ;;
+    --re=* | --exclude-re=*) select+=("$1"); shift ;;
+    --)
+      shift
+      one_pass=(-- "$@")
+      break ;;
+    -h | --help)
+      sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//p}' "$0"; exit 0 ;;
     *)
       args+=("$1"); shift ;;
   esac
 done
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive number, not '$jobs'"
+if ((${#files[@]})); then
+  re=$(printf '%s|' "${files[@]//./\\.}")
+  select+=(--re "^(${re%|}):")
+fi
 
-# A build directory that already holds the dependencies (CARGO_BUILD_BUILD_DIR, as on
-# the shared development machines) is reused: then only the workspace's own crates are
-# rebuilt for the mutated copy. Otherwise everything builds once into target/mutants.
-export CARGO_TARGET_DIR="${REGBROKER_MUTANTS_TARGET:-$PWD/target/mutants}"
-# Profile settings (CARGO_PROFILE_*_DEBUG and the like) are left as the caller has them:
-# a different value would rebuild every dependency in a shared build directory.
+out=${REGBROKER_MUTANTS_OUT:-$PWD/mutants.out.d}
+if [[ -n $again ]]; then
+  [[ -s $out/survivors.txt ]] || die "--again: no survivors recorded in $out/survivors.txt"
+  ((${#select[@]} == 0 && ${#one_pass[@]} == 0)) || die "--again takes no selection and no test arguments"
+  previous=$(mktemp -d "$out/again.XXXX")
+  mv "$out/survivors.txt" "$previous/"
+  for d in pass1 pass2 summary.txt; do [[ ! -e $out/$d ]] || mv "$out/$d" "$previous/"; done
+else
+  rm -rf "$out"
+fi
+mkdir -p "$out"
 export CARGO_TERM_COLOR=never
-started=$SECONDS
-status=0
+shared_target="${REGBROKER_MUTANTS_TARGET:-$PWD/target/mutants}"
+mkdir -p "$shared_target"
+# No debug info: the builds are for running tests, and smaller objects link faster. This
+# target directory is the mutants' own, so it costs no rebuild elsewhere.
+export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-0} CARGO_PROFILE_TEST_DEBUG=${CARGO_PROFILE_TEST_DEBUG:-0}
+# Mold links the big test binaries several times faster, when it is installed.
+if command -v mold >/dev/null && [[ -z ${CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER:-} ]]; then
+  printf '#!/bin/sh\nexec cc -fuse-ld=mold "$@"\n' >"$shared_target/cc-mold"
+  chmod +x "$shared_target/cc-mold"
+  export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER=$shared_target/cc-mold
+fi
+# Builds in a shared target directory, kept across runs, build dependencies once; but two
+# jobs sharing it wait for each other's build lock. Pass 1 (builds of seconds, tests of
+# less) with several jobs therefore builds in each job's own copy of the tree (dependencies
+# once per job); pass 2 (long tests) shares the directory, one job testing while the next
+# builds.
+target_for() { # PASS
+  if [[ $1 == 1 ]] && ((jobs > 1)); then unset CARGO_TARGET_DIR; else export CARGO_TARGET_DIR=$shared_target; fi
+}
+
 # --gitignore true: the copy of the tree leaves out what .gitignore lists (fuzz/target,
 # the venv), which otherwise filled the disk while being copied.
-cargo mutants --workspace --jobs 1 --gitignore true "${args[@]}" || status=$?
-echo "cargo mutants exited $status after $((SECONDS - started)) s (see mutants.out/)"
+mutants() {
+  local o=$1
+  shift
+  mkdir -p "$o"
+  local rc=0
+  cargo mutants --workspace --jobs "$jobs" --gitignore true --output "$o" "$@" || rc=$?
+  # 0: all caught; 2: some missed; 3: some timed out; 4: the baseline failed; else broken.
+  case $rc in 0 | 2 | 3) ;; *) log "cargo mutants exited $rc (see $o/mutants.out/debug.log)"; exit "$rc" ;; esac
+}
+
+# Pass 2 over the survivors listed in the file $1 (one name a line).
+pass2() {
+  local list=$1 f o names cover cover_args a
+  REGBROKER_VENV=${REGBROKER_VENV:-$PWD/.ci/.venv} \
+    bash scripts/test.sh --setup-only --env-file "$out/test-env.sh" >"$out/setup.log" 2>&1 ||
+    { cat "$out/setup.log" >&2; die "the peers could not be set up (scripts/test.sh --setup-only)"; }
+  test_args=()
+  # shellcheck source=/dev/null
+  . "$out/test-env.sh"
+  target_for 2
+  while IFS= read -r f; do
+    # The exact names, as one regexp.
+    names=$(awk -v f="$f" 'index($0, f ":") == 1' "$list" | python3 -c '
+import re, sys
+print("^(" + "|".join(re.escape(l.rstrip("\n")) for l in sys.stdin) + ")$")')
+    read -r -a cover < <(awk -v f="$f" '$1 == f { $1 = ""; print }' scripts/mutants-tests.txt)
+    cover_args=()
+    for a in "${cover[@]}"; do cover_args+=(--cargo-arg="$a"); done
+    log "pass 2: $f with ${cover[*]:-the whole package tests}"
+    o="$out/pass2/${f//\//_}"
+    mutants "$o" "${args[@]}" --re "$names" "${cover_args[@]}" -- -- "${test_args[@]}"
+    passes+=("$o")
+  done < <(cut -d: -f1 "$list" | sort -u)
+}
+
+started=$SECONDS
+passes=()
+if [[ -n $again ]]; then
+  log "pass 2 again, over $(wc -l <"$previous/survivors.txt") survivors of the last run"
+  pass2 "$previous/survivors.txt"
+elif ((${#one_pass[@]})); then
+  log "one pass, tests: ${one_pass[*]:1}"
+  target_for 2
+  mutants "$out/pass1" "${args[@]}" "${select[@]}" "${one_pass[@]}"
+  passes=("$out/pass1")
+else
+  log "pass 1: every mutant with its package's unit tests"
+  target_for 1
+  mutants "$out/pass1" "${args[@]}" "${select[@]}" --cargo-arg=--lib
+  passes=("$out/pass1")
+  cat "$out/pass1/mutants.out/missed.txt" "$out/pass1/mutants.out/timeout.txt" >"$out/pass1/left.txt"
+  if [[ -z $unit_only && -s $out/pass1/left.txt ]]; then
+    pass2 "$out/pass1/left.txt"
+  fi
+fi
 [ -z "$diff_file" ] || rm -f "$diff_file"
-# cargo-mutants exits 2 when mutants were missed, 3 when some timed out.
-exit "$status"
+
+# --- Summary ------------------------------------------------------------------------------
+# Caught and unviable add up over the passes; missed and timed out are what the last pass
+# of each file left (pass 1's for a file pass 2 did not need).
+caught=0 unviable=0
+for p in "${passes[@]}"; do
+  caught=$((caught + $(wc -l <"$p/mutants.out/caught.txt")))
+  unviable=$((unviable + $(wc -l <"$p/mutants.out/unviable.txt")))
+done
+# pass 2 (when it ran) replaces pass 1's survivors; --again has pass 2 only
+last=("${passes[@]}")
+[[ -n $again || ${#passes[@]} == 1 ]] || last=("${passes[@]:1}")
+survivors=$(for p in "${last[@]}"; do cat "$p/mutants.out/missed.txt"; done)
+timeouts=$(for p in "${last[@]}"; do cat "$p/mutants.out/timeout.txt"; done)
+missed=$(grep -c . <<<"$survivors" || true)
+timed_out=$(grep -c . <<<"$timeouts" || true)
+{
+  echo "mutants: $((caught + unviable + missed + timed_out)) tested in $((SECONDS - started)) s: $caught caught, $missed missed, $unviable unviable, $timed_out timed out"
+  [[ -z $survivors ]] || printf 'missed:\n%s\n' "$survivors"
+  [[ -z $timeouts ]] || printf 'timed out (count as caught, but slow):\n%s\n' "$timeouts"
+} | tee "$out/summary.txt"
+printf '%s\n' "$survivors" "$timeouts" | grep . >"$out/survivors.txt" || true
+
+# A caught mutant must have failed a test: a build or cargo error is not a catch.
+suspect=0
+for p in "${passes[@]}"; do
+  while IFS=$'\t' read -r logf name; do
+    if ! grep -qE '^test result: FAILED|^failures:$|panicked at' "$p/mutants.out/$logf"; then
+      echo "SUSPECT (caught, but no test failed in its log): $name ($p/mutants.out/$logf)" |
+        tee -a "$out/summary.txt"
+      suspect=1
+    fi
+  done < <(python3 -c '
+import json, sys
+for o in json.load(open(sys.argv[1]))["outcomes"]:
+    if o["summary"] == "CaughtMutant":
+        print(o["log_path"] + "\t" + o["scenario"]["Mutant"]["name"])
+' "$p/mutants.out/outcomes.json")
+done
+((suspect == 0)) || exit 1
+[[ -z $survivors ]] || exit 2
+[[ -z $timeouts ]] || exit 3

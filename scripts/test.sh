@@ -30,6 +30,10 @@
 # Usage: scripts/test.sh [--setup-only] [--skip-missing] [--no-install] [CARGO_ARGS...]
 #                        [-- TEST_ARGS...]
 #   --setup-only    set up the peers, run no test (.ci/run calls this first)
+#   --env-file F    with --setup-only: write to F, for `source F` by another script
+#                   (scripts/mutants.sh), the PATH with the venv, REGBROKER_PEERS_FILE
+#                   (kept next to F as F.peers) and `test_args`, the test-binary
+#                   arguments this script would use (--include-ignored and the --skips)
 #   --skip-missing  leave out the tests whose peers are missing instead of stopping
 #                   (also REGBROKER_TEST_SKIP_MISSING=1)
 #   --no-install    never run apt-get, even as root (missing packages are then reported
@@ -61,6 +65,7 @@ setup_only=
 skip_missing=
 [[ ${REGBROKER_TEST_SKIP_MISSING:-} == 1 ]] && skip_missing=1
 no_install=
+env_file=
 cargo_args=()
 test_args=()
 while (($#)); do
@@ -68,6 +73,11 @@ while (($#)); do
     --setup-only) setup_only=1 ;;
     --skip-missing) skip_missing=1 ;;
     --no-install) no_install=1 ;;
+    --env-file)
+      (($# >= 2)) || die "--env-file needs a file name"
+      env_file=$2
+      shift
+      ;;
     -h | --help)
       usage
       exit 0
@@ -265,6 +275,17 @@ if ((${#left_out[@]})); then
   printf '  %s\n' "${left_out[@]}" >&2
 fi
 
+if [[ -n $env_file ]]; then
+  [[ -n $setup_only ]] || die "--env-file goes with --setup-only"
+  cp "$peers_file" "$env_file.peers"
+  {
+    printf 'export PATH=%q\n' "$PATH"
+    printf 'export REGBROKER_PEERS_FILE=%q\n' "$(realpath "$env_file.peers")"
+    printf 'test_args=(--include-ignored --skip %q' "$real_cloud"
+    printf ' %q' "${skip_args[@]}"
+    printf ')\n'
+  } >"$env_file"
+fi
 if [[ -n $setup_only ]]; then
   log "setup done in $((SECONDS - started)) s; peers: venv $venv, $(tr '\n' ' ' <"$peers_file")"
   exit 0
