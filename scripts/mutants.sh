@@ -5,8 +5,9 @@
 #   scripts/mutants.sh --in-diff origin/main  only mutants in lines changed since that ref
 #   scripts/mutants.sh --file src/broker/cache.rs [--file ...]   some files
 #   scripts/mutants.sh --unit-only ...        the first pass only (fast; undercounts)
-#   scripts/mutants.sh --jobs 2 ...           two mutants at a time (each job builds in
-#                                             its own copy; 2 cores: about twice as fast)
+#   scripts/mutants.sh --jobs 2 ...           two mutants at a time (2 cores: pass 1 about
+#                                             twice as fast; pass 2 tests one while it
+#                                             builds the next)
 #   scripts/mutants.sh --again                pass 2 again, over the last run's survivors
 #                                             only (after adding the tests that kill them)
 #   scripts/mutants.sh ... -- CARGO_TEST_ARGS [-- TEST_BINARY_ARGS]
@@ -111,12 +112,6 @@ mkdir -p "$shared_target"
 # No debug info: the builds are for running tests, and smaller objects link faster. This
 # target directory is the mutants' own, so it costs no rebuild elsewhere.
 export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-0} CARGO_PROFILE_TEST_DEBUG=${CARGO_PROFILE_TEST_DEBUG:-0}
-# Mold links the big test binaries several times faster, when it is installed.
-if command -v mold >/dev/null && [[ -z ${CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER:-} ]]; then
-  printf '#!/bin/sh\nexec cc -fuse-ld=mold "$@"\n' >"$shared_target/cc-mold"
-  chmod +x "$shared_target/cc-mold"
-  export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_LINKER=$shared_target/cc-mold
-fi
 # Builds in a shared target directory, kept across runs, build dependencies once; but two
 # jobs sharing it wait for each other's build lock. Pass 1 (builds of seconds, tests of
 # less) with several jobs therefore builds in each job's own copy of the tree (dependencies
