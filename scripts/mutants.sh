@@ -153,6 +153,8 @@ print("^(" + "|".join(re.escape(l.rstrip("\n")) for l in sys.stdin) + ")$")')
     for a in "${cover[@]}"; do cover_args+=(--cargo-arg="$a"); done
     log "pass 2: $f with ${cover[*]:-the whole package tests}"
     o="$out/pass2/${f//\//_}"
+    mkdir -p "$o"
+    awk -v f="$f" 'index($0, f ":") == 1' "$list" >"$o/given.txt"
     mutants "$o" "${args[@]}" --re "$names" "${cover_args[@]}" -- -- "${test_args[@]}"
     passes+=("$o")
   done < <(cut -d: -f1 "$list" | sort -u)
@@ -181,43 +183,11 @@ fi
 [ -z "$diff_file" ] || rm -f "$diff_file"
 
 # --- Summary ------------------------------------------------------------------------------
-# Caught and unviable add up over the passes; missed and timed out are what the last pass
-# of each file left (pass 1's for a file pass 2 did not need).
-caught=0 unviable=0
-for p in "${passes[@]}"; do
-  caught=$((caught + $(wc -l <"$p/mutants.out/caught.txt")))
-  unviable=$((unviable + $(wc -l <"$p/mutants.out/unviable.txt")))
-done
-# pass 2 (when it ran) replaces pass 1's survivors; --again has pass 2 only
-last=("${passes[@]}")
-[[ -n $again || ${#passes[@]} == 1 ]] || last=("${passes[@]:1}")
-survivors=$(for p in "${last[@]}"; do cat "$p/mutants.out/missed.txt"; done)
-timeouts=$(for p in "${last[@]}"; do cat "$p/mutants.out/timeout.txt"; done)
-missed=$(grep -c . <<<"$survivors" || true)
-timed_out=$(grep -c . <<<"$timeouts" || true)
-{
-  echo "mutants: $((caught + unviable + missed + timed_out)) tested in $((SECONDS - started)) s: $caught caught, $missed missed, $unviable unviable, $timed_out timed out"
-  [[ -z $survivors ]] || printf 'missed:\n%s\n' "$survivors"
-  [[ -z $timeouts ]] || printf 'timed out (count as caught, but slow):\n%s\n' "$timeouts"
-} | tee "$out/summary.txt"
-printf '%s\n' "$survivors" "$timeouts" | grep . >"$out/survivors.txt" || true
-
-# A caught mutant must have failed a test: a build or cargo error is not a catch.
-suspect=0
-for p in "${passes[@]}"; do
-  while IFS=$'\t' read -r logf name; do
-    if ! grep -qE '^test result: FAILED|^failures:$|panicked at' "$p/mutants.out/$logf"; then
-      echo "SUSPECT (caught, but no test failed in its log): $name ($p/mutants.out/$logf)" |
-        tee -a "$out/summary.txt"
-      suspect=1
-    fi
-  done < <(python3 -c '
-import json, sys
-for o in json.load(open(sys.argv[1]))["outcomes"]:
-    if o["summary"] == "CaughtMutant":
-        print(o["log_path"] + "\t" + o["scenario"]["Mutant"]["name"])
-' "$p/mutants.out/outcomes.json")
-done
-((suspect == 0)) || exit 1
-[[ -z $survivors ]] || exit 2
-[[ -z $timeouts ]] || exit 3
+# scripts/mutants_summary.py: caught and unviable add up over the passes; missed and timed
+# out are what the last pass of each file left; each pass counts only the mutants it was
+# given; a caught mutant whose log shows no failed test is SUSPECT.
+python3 scripts/mutants_summary.py --elapsed $((SECONDS - started)) \
+  "${passes[@]}" | tee "$out/summary.txt"
+rc=${PIPESTATUS[0]}
+python3 scripts/mutants_summary.py --survivors "${passes[@]}" >"$out/survivors.txt"
+exit "$rc"

@@ -153,6 +153,26 @@ async fn the_next_pass_is_due_at_the_earliest_refresh_point_not_the_stale_point(
 }
 
 #[tokio::test]
+async fn the_next_pass_follows_the_configured_refresh_fraction() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = TestServer::builder()
+        .config(
+            "[cache]\nrefresh_fraction = 0.5\n\n[[rule]]\nmatch = \"proxy.example.com\"\nsource = \"fake\"\n",
+        )
+        .start()
+        .await;
+    // 100 s of life, 70 s usable: refresh at half of that, 35 s (the default is 56 s).
+    srv.fake
+        .then(Answer::Credential(Some(Duration::from_secs(100))));
+    let config = Config {
+        path: dir.path().join("config.json"),
+        extra: vec![],
+    };
+    let sink = Sink::start(srv.broker.clone(), config).await.unwrap();
+    assert_eq!(sink.next_pass_in(), Duration::from_secs(35));
+}
+
+#[tokio::test]
 async fn a_change_of_static_sources_wakes_the_sink_before_its_next_pass() {
     let (srv, dir) = common::server_with_static().await;
     let path = dir.path().join("config.json");

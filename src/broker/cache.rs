@@ -908,7 +908,26 @@ mod tests {
             ..Config::default()
         };
         assert!(bad.validate().unwrap_err().contains("min_refresh"));
+        let bad = Config {
+            failure_backoff: secs(60),
+            max_failure_backoff: secs(30),
+            ..Config::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("failure_backoff"));
         assert!(Config::default().validate().is_ok());
+    }
+
+    #[test]
+    fn equal_bounds_are_valid_settings() {
+        // A fixed refresh interval and a fixed failure pause: each pair of bounds equal.
+        let fixed = Config {
+            min_refresh: secs(H),
+            max_refresh: secs(H),
+            failure_backoff: secs(30),
+            max_failure_backoff: secs(30),
+            ..Config::default()
+        };
+        assert_eq!(fixed.validate(), Ok(()));
     }
 
     mod fetching {
@@ -1652,6 +1671,136 @@ mod tests {
             };
             let got = cache.get_or_fetch(&k, Need::Fresh, slow_failure).await;
             assert!(got.is_err(), "served after it went stale during the fetch");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_finished_fetch_leaves_the_in_flight_map_so_it_holds_no_credential() {
+            // The in-flight map is not bounded like the cache: a finished fetch left in it
+            // would keep its credential (and a map slot per key) after the cache evicted
+            // the entry.
+            let (cache, clock) = cache(Config {
+                failure_backoff: Duration::ZERO,
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            for (i, fails) in [false, true].into_iter().enumerate() {
+                let k = key(&format!("k{i}"));
+                let got = if fails {
+                    cache
+                        .get_or_fetch(&k, Need::Servable, failing(&calls))
+                        .await
+                } else {
+                    cache
+                        .get_or_fetch(
+                            &k,
+                            Need::Servable,
+                            answer(&clock, &calls, "s", Some(Duration::ZERO)),
+                        )
+                        .await
+                };
+                assert_eq!(got.is_err(), fails);
+                settle().await;
+                assert!(
+                    cache.inflight.lock().await.get(&k).is_none(),
+                    "a finished fetch (failed: {fails}) is still in the in-flight map"
+                );
+            }
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_refresh_failing_exactly_at_the_stale_point_is_an_error_not_the_stale_one() {
+            let (cache, clock, calls, k) = due_for_refresh().await;
+            // Fetched at 0 s, stale at 3570 s, now at 2900 s: the refresh fails at 3570 s.
+            let failure_at_stale_point = {
+                let (clock, calls) = (clock.clone(), calls.clone());
+                move || {
+                    async move {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        clock.advance(Duration::from_secs(670));
+                        Err(Error::unavailable("upstream down"))
+                    }
+                    .boxed()
+                }
+            };
+            let got = cache
+                .get_or_fetch(&k, Need::Fresh, failure_at_stale_point)
+                .await;
+            assert!(got.is_err(), "served at its stale point");
+            assert_eq!(calls.load(Ordering::SeqCst), 2);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn the_failure_pause_doubles_with_each_failure_in_a_row() {
+            // Base 10 s: the first pause is 5-10 s, the second 10-20 s.
+            let (cache, clock) = cache(Config {
+                failure_backoff: Duration::from_secs(10),
+                max_failure_backoff: HOUR,
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            let fail = || async {
+                assert!(
+                    cache
+                        .get_or_fetch(&k, Need::Servable, failing(&calls))
+                        .await
+                        .is_err()
+                );
+            };
+            fail().await;
+            clock.advance(Duration::from_secs(10));
+            fail().await;
+            assert_eq!(calls.load(Ordering::SeqCst), 2, "the first pause is over");
+            // 10 s into the second pause (10-20 s): still paused, upstream not asked.
+            clock.advance(Duration::from_secs(10));
+            fail().await;
+            assert_eq!(
+                calls.load(Ordering::SeqCst),
+                2,
+                "the second failure in a row pauses at least twice the base"
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn failure_pauses_are_spread_over_half_to_all_of_the_backoff() {
+            // Keys failing together must not retry together: each pause is the backoff
+            // times a random factor in [0.5, 1).
+            let backoff = Duration::from_secs(10);
+            let (cache, clock) = cache(Config {
+                failure_backoff: backoff,
+                max_failure_backoff: HOUR,
+                ..Config::default()
+            });
+            let calls = Arc::new(AtomicUsize::new(0));
+            let mut pauses = Vec::new();
+            for i in 0..40 {
+                let k = key(&format!("k{i}"));
+                assert!(
+                    cache
+                        .get_or_fetch(&k, Need::Servable, failing(&calls))
+                        .await
+                        .is_err()
+                );
+                let until = cache
+                    .failures
+                    .get(&k)
+                    .await
+                    .expect("a failure record")
+                    .until;
+                let now = regbroker_provider::Clock::now(&clock);
+                pauses.push(until.duration_since(now).unwrap());
+            }
+            for p in &pauses {
+                assert!(
+                    *p >= backoff / 2 && *p < backoff,
+                    "pause {p:?} outside [5 s, 10 s)"
+                );
+            }
+            let short = pauses.iter().filter(|p| **p < backoff * 3 / 4).count();
+            assert!(
+                short > 0 && short < pauses.len(),
+                "40 pauses all on one side of 7.5 s: not spread ({pauses:?})"
+            );
         }
     }
 }
