@@ -439,6 +439,22 @@ mod tests {
         parse_document(doc.as_bytes())
     }
 
+    #[test]
+    fn a_document_of_4_mib_is_read_and_one_byte_more_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        let doc = r#"{"auths":{}}"#;
+        let limit = 4 * 1024 * 1024;
+        std::fs::write(&path, format!("{doc}{}", " ".repeat(limit - doc.len()))).unwrap();
+        let (_, bytes) = read_source(&path).expect("a 4 MiB document is read");
+        assert_eq!(bytes.len(), limit);
+        std::fs::write(&path, format!("{doc}{}", " ".repeat(limit + 1 - doc.len()))).unwrap();
+        assert!(matches!(
+            read_source(&path),
+            Err(LoadError::TooLarge { .. })
+        ));
+    }
+
     fn b64(s: &str) -> String {
         base64::engine::general_purpose::STANDARD.encode(s)
     }

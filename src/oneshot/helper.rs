@@ -134,6 +134,18 @@ fn list(
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_server_url_may_fill_64_kib_of_stdin_and_not_a_byte_more() {
+        let at_limit = "a".repeat(64 * 1024);
+        assert_eq!(
+            read_server_url(&mut at_limit.as_bytes()).unwrap().len(),
+            64 * 1024
+        );
+        let over = "a".repeat(64 * 1024 + 1);
+        let err = read_server_url(&mut over.as_bytes()).unwrap_err();
+        assert!(err.contains("larger than 65536 bytes"), "{err}");
+    }
+
     fn run_with(action: &str, input: &str, settings: Settings) -> (u8, String) {
         let mut out = Vec::new();
         let code = run(action, || Ok(settings), &mut input.as_bytes(), &mut out);

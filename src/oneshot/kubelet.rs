@@ -186,6 +186,27 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_request_may_fill_1_mib_of_stdin_and_not_a_byte_more() {
+        // A KEP-4412 request carries a token and the ServiceAccount's annotations: the
+        // limit is generous. Padding with JSON whitespace keeps the request valid up to
+        // the limit, so only the size can refuse it.
+        let request = r#"{"apiVersion":"credentialprovider.kubelet.k8s.io/v1alpha1"}"#;
+        let padded = |len: usize| format!("{request}{}", " ".repeat(len - request.len()));
+        let err = respond(
+            || Err("no settings".into()),
+            &mut padded(1024 * 1024).as_bytes(),
+        )
+        .unwrap_err();
+        assert!(err.contains("unsupported apiVersion"), "{err}");
+        let err = respond(
+            || Err("no settings".into()),
+            &mut padded(1024 * 1024 + 1).as_bytes(),
+        )
+        .unwrap_err();
+        assert!(err.contains("larger than 1048576 bytes"), "{err}");
+    }
+
     fn run_with(input: &str, settings: Settings) -> (u8, String, String) {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let code = run(|| Ok(settings), &mut input.as_bytes(), &mut out, &mut err);
