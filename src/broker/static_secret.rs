@@ -540,6 +540,35 @@ mod tests {
     }
 
     #[test]
+    fn a_config_keeping_its_secrets_elsewhere_has_no_entries_and_anything_else_is_refused() {
+        for doc in [
+            r#"{"credsStore": "desktop"}"#,
+            r#"{"credHelpers": {"r.example.com": "ecr-login"}, "credsStore": "pass"}"#,
+            r#"{"credHelpers": {"r.example.com": "ecr-login"}, "HttpHeaders": "x"}"#,
+        ] {
+            assert_eq!(parse(doc).map(|e| e.len()), Ok(0), "{doc}");
+        }
+        let err = parse(r#"{"detachKeys": "ctrl-p"}"#).unwrap_err();
+        assert!(err.contains("neither a docker config"), "{err}");
+    }
+
+    #[test]
+    fn an_empty_string_field_counts_as_absent() {
+        let doc = r#"{"auths": {"r.example.com": {"auth": "", "username": "u", "password": "p", "identitytoken": ""}}}"#;
+        let got = parse(doc).unwrap();
+        assert_eq!(got[0].1.username(), "u");
+        assert_eq!(got[0].1.secret().expose_secret(), "p");
+    }
+
+    #[test]
+    fn a_key_that_may_hold_a_secret_is_never_shown_in_messages() {
+        assert_eq!(safe_key("user:pw@evil.example.com"), "<redacted key>");
+        assert_eq!(safe_key("r.example.com\u{1b}[2J"), "<redacted key>");
+        assert_eq!(safe_key("r.example.com/v2"), "r.example.com/v2");
+        assert_eq!(safe_key(&"a".repeat(100)).len(), 80);
+    }
+
+    #[test]
     fn invalid_keys_are_skipped_not_fatal() {
         let doc = format!(
             r#"{{"auths": {{"user:pw@evil.example.com": {{"auth": "{}"}}, "ok.example.com": {{"auth": "{}"}}}}}}"#,
