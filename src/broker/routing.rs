@@ -281,6 +281,8 @@ mod tests {
             "*.example.com/path",
             "user@*.example.com",
             "*.example.com:0",
+            "*.example.com:080",
+            "*.example.com:+80",
             "*.example.com:99999",
             "*.example.com:*",
             "*..example.com",
@@ -290,6 +292,43 @@ mod tests {
         ] {
             assert!(Pattern::parse(p).is_err(), "{p:?} should be rejected");
         }
+    }
+
+    #[test]
+    fn a_glob_with_url_parts_is_refused_as_not_a_host() {
+        for p in [
+            "*.example.com/path",
+            "user@*.example.com",
+            "*.example.com?x",
+            "*.example.com#x",
+            "https://*.example.com",
+        ] {
+            assert!(
+                matches!(Pattern::parse(p), Err(PatternError::NotAHost)),
+                "{p:?}: {:?}",
+                Pattern::parse(p)
+            );
+        }
+    }
+
+    #[test]
+    fn a_glob_host_may_be_253_characters_long_and_not_one_more() {
+        // `*.` then 63-character labels, the last one cut to make the length.
+        let host = |len: usize| {
+            let mut h = String::from("*");
+            while h.len() < len {
+                let room = (len - h.len() - 1).min(63);
+                h.push('.');
+                h.push_str(&"a".repeat(room.max(1)));
+            }
+            assert_eq!(h.len(), len);
+            h
+        };
+        assert!(Pattern::parse(&host(253)).unwrap().is_glob());
+        assert!(matches!(
+            Pattern::parse(&host(254)),
+            Err(PatternError::Registry(ParseError::HostTooLong(254)))
+        ));
     }
 
     #[test]
