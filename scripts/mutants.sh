@@ -149,7 +149,9 @@ pass2() {
 import re, sys
 print("^(" + "|".join(re.escape(l.rstrip("\n")) for l in sys.stdin) + ")$")')
     read -r -a cover < <(awk -v f="$f" '$1 == f { $1 = ""; print }' scripts/mutants-tests.txt)
+    # The unit tests too: after new tests, --again must see the unit tests' kills.
     cover_args=()
+    ((${#cover[@]} == 0)) || cover_args=(--cargo-arg=--lib)
     for a in "${cover[@]}"; do cover_args+=(--cargo-arg="$a"); done
     log "pass 2: $f with ${cover[*]:-the whole package tests}"
     o="$out/pass2/${f//\//_}"

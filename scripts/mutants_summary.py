@@ -21,6 +21,8 @@ from pathlib import Path
 
 def outcomes(pass_dir):
     out = Path(pass_dir) / "mutants.out"
+    if not (out / "outcomes.json").is_file():
+        return  # a pass that has not started (or was stopped early)
     for o in json.loads((out / "outcomes.json").read_text())["outcomes"]:
         mutant = o["scenario"].get("Mutant") if isinstance(o["scenario"], dict) else None
         if mutant:
