@@ -467,4 +467,112 @@ mod tests {
             0o700
         );
     }
+
+    #[test]
+    fn a_directory_already_private_keeps_its_mode() {
+        // Loose modes are tightened to 0700; a stricter one (read-only) is not loosened.
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("c");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o500)).unwrap();
+        DiskCache::open(&d).unwrap();
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(mode, 0o500);
+    }
+
+    #[test]
+    fn a_missing_record_is_none_and_one_that_cannot_be_read_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path()).unwrap();
+        let k = key("s");
+        assert!(matches!(cache.read(&k), Ok(None)));
+        std::os::unix::fs::symlink("/dev/null", cache.path(&k)).unwrap();
+        assert!(
+            cache.read(&k).is_err(),
+            "a symlink is refused, not read as empty"
+        );
+    }
+
+    #[test]
+    fn a_record_of_another_format_version_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path()).unwrap();
+        let k = key("s");
+        cache.store(&k, &entry("pw"));
+        let path = cache.path(&k);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let other = text.replace(&format!("\"version\":{VERSION}"), "\"version\":99");
+        assert_ne!(text, other, "the record names its version: {}", text.len());
+        std::fs::write(&path, other).unwrap();
+        assert!(matches!(cache.read(&k), Ok(None)));
+    }
+
+    #[test]
+    fn a_record_of_64_kib_is_read_and_one_byte_more_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path()).unwrap();
+        let k = key("s");
+        // A long secret (an Entra ID token is a few KiB), then JSON whitespace to the size.
+        cache.store(&k, &entry(&"t".repeat(40 * 1024)));
+        let path = cache.path(&k);
+        let record = std::fs::read_to_string(&path).unwrap();
+        let limit = MAX_RECORD_BYTES as usize;
+        assert_eq!(limit, 64 * 1024);
+        std::fs::write(
+            &path,
+            format!("{record}{}", " ".repeat(limit - record.len())),
+        )
+        .unwrap();
+        let got = cache.read(&k).unwrap().expect("a 64 KiB record is read");
+        assert_eq!(got.credential.secret().expose_secret().len(), 40 * 1024);
+        std::fs::write(
+            &path,
+            format!("{record}{}", " ".repeat(limit + 1 - record.len())),
+        )
+        .unwrap();
+        let err = cache.read(&k).unwrap_err().to_string();
+        assert!(err.contains("larger than 65536 bytes"), "{err}");
+    }
+
+    /// Runs this test binary's test `name` as the user `nobody` (with `setpriv`, from
+    /// util-linux) and asserts that it passed.
+    fn run_as_nobody(name: &str) {
+        // A copy nobody may run: the build directory may sit under a private one.
+        let bin_dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = bin_dir.path().join("tests");
+        std::fs::copy(std::env::current_exe().unwrap(), &bin).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(&bin)
+            .args(["--exact", name, "--test-threads=1"])
+            .env("TMPDIR", "/tmp")
+            .output()
+            .expect("setpriv (util-linux) runs this test as another user when root");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "as nobody: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn a_user_other_than_root_reads_back_its_own_records() {
+        // CI runs as root, where every file is root's own; the owner check must also let
+        // an ordinary user read what it wrote.
+        if rustix::process::geteuid().is_root() {
+            run_as_nobody(
+                "oneshot::disk_cache::tests::a_user_other_than_root_reads_back_its_own_records",
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path().join("c")).unwrap();
+        cache.store(&key("s"), &entry("pw"));
+        let got = cache.read(&key("s")).unwrap().expect("its own record");
+        assert_eq!(got.credential.secret().expose_secret(), "pw");
+    }
 }
