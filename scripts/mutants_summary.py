@@ -4,6 +4,8 @@
     mutants_summary.py [--elapsed S] PASS_DIR...    the summary; exit 0 when every mutant
                                                     was caught
     mutants_summary.py --survivors PASS_DIR...      survivor names, one a line
+    mutants_summary.py --select SELECTION...        names on stdin that the selection
+                                                    (--re, --exclude-re) names
 
 PASS_DIRs in the order they ran: a later result for a mutant replaces an earlier one. A
 pass 2 run counts only the mutants it was given (its given.txt), and every
@@ -29,7 +31,28 @@ def outcomes(pass_dir):
             yield mutant["name"], o["summary"], out / o["log_path"]
 
 
+def select(argv):
+    """Filters names on stdin by cargo-mutants' selection arguments (--re, --exclude-re)."""
+    examine, exclude = [], []
+    it = iter(argv)
+    for a in it:
+        for flag, into in [("--re", examine), ("-F", examine), ("--exclude-re", exclude), ("-E", exclude)]:
+            if a == flag:
+                into.append(re.compile(next(it)))
+            elif a.startswith(flag + "="):
+                into.append(re.compile(a[len(flag) + 1 :]))
+    for line in sys.stdin:
+        name = line.rstrip("\n")
+        if name and (not examine or any(r.search(name) for r in examine)) and not any(
+            r.search(name) for r in exclude
+        ):
+            print(name)
+    return 0
+
+
 def main(argv):
+    if argv[:1] == ["--select"]:
+        return select(argv[1:])
     survivors_only = "--survivors" in argv
     elapsed = None
     dirs = []
