@@ -569,6 +569,24 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_is_empty_exactly_when_it_has_no_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        std::fs::write(&path, r#"{"auths": {}}"#).unwrap();
+        let none = load(std::slice::from_ref(&path)).unwrap();
+        assert!(none.is_empty());
+        assert_eq!(none.len(), 0);
+        std::fs::write(
+            &path,
+            r#"{"auths": {"r.example.com": {"username": "u", "password": "p"}}}"#,
+        )
+        .unwrap();
+        let one = load(&[path]).unwrap();
+        assert!(!one.is_empty());
+        assert_eq!(one.len(), 1);
+    }
+
+    #[test]
     fn invalid_keys_are_skipped_not_fatal() {
         let doc = format!(
             r#"{{"auths": {{"user:pw@evil.example.com": {{"auth": "{}"}}, "ok.example.com": {{"auth": "{}"}}}}}}"#,
