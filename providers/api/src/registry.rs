@@ -633,4 +633,47 @@ mod tests {
         let input = "a".repeat(MAX_INPUT_LEN + 1);
         assert_eq!(Registry::parse(&input), Err(ParseError::TooLong));
     }
+
+    #[test]
+    fn input_of_exactly_the_limit_is_parsed() {
+        // A host, then a path that brings the reference to exactly 4096 bytes.
+        let head = "r.example.com/";
+        let input = format!("{head}{}", "a".repeat(MAX_INPUT_LEN - head.len()));
+        assert_eq!(ok(&input), "r.example.com");
+    }
+
+    #[test]
+    fn an_unsupported_scheme_is_named_only_when_it_looks_like_one() {
+        let scheme = |input: &str| match Registry::parse(input) {
+            Err(ParseError::UnsupportedScheme(s)) => s,
+            other => panic!("{input}: {other:?}"),
+        };
+        assert_eq!(scheme("ftp://r.example.com"), "ftp");
+        assert_eq!(scheme("git+ssh://r.example.com"), "git+ssh");
+        assert_eq!(scheme("x-y://r.example.com"), "x-y");
+        assert_eq!(
+            scheme(&format!("{}://r.example.com", "s".repeat(16))),
+            "s".repeat(16)
+        );
+        assert_eq!(scheme(&format!("{}://r.example.com", "s".repeat(17))), "?");
+        assert_eq!(scheme("a_b://r.example.com"), "?");
+        assert_eq!(scheme("a.b://r.example.com"), "?");
+    }
+
+    #[test]
+    fn every_error_says_what_is_wrong() {
+        for (err, needle) in [
+            (ParseError::Empty, "registry name is empty"),
+            (ParseError::TooLong, "longer than 4096 bytes"),
+            (ParseError::UserInfo, "userinfo"),
+            (
+                ParseError::HostTooLong(300),
+                "300 characters long; the limit is 253",
+            ),
+            (ParseError::InvalidPath, "invalid path"),
+        ] {
+            let msg = err.to_string();
+            assert!(msg.contains(needle), "{msg}");
+        }
+    }
 }
