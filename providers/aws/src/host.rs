@@ -381,4 +381,12 @@ mod tests {
             assert!(!is_account(bad), "{bad}");
         }
     }
+
+    #[test]
+    fn a_region_name_may_be_32_characters_long_and_not_one_more() {
+        let region = |len: usize| format!("us-{}-{}-1", "a".repeat(16), "b".repeat(len - 22));
+        assert_eq!(region(32).len(), 32);
+        assert!(is_region(&region(32)));
+        assert!(!is_region(&region(33)));
+    }
 }

@@ -332,4 +332,31 @@ mod tests {
         let s = scrub(&long);
         assert!(s.chars().count() <= MAX_UPSTREAM_MESSAGE + 1);
     }
+
+    #[test]
+    fn a_refresh_token_without_a_readable_expiry_is_kept_ten_minutes() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let got = parse_exchange_answer(br#"{"refresh_token": "opaque"}"#, now).unwrap();
+        assert_eq!(got.expires_at, now + Duration::from_secs(600));
+        assert!(got.exp_unreadable);
+        assert_eq!(got.refresh_token.expose_secret(), "opaque");
+    }
+
+    #[test]
+    fn upstream_messages_are_cut_with_a_mark_only_when_cut() {
+        // Words up to 64 characters are kept, longer ones dropped.
+        let w64 = "w".repeat(64);
+        assert_eq!(scrub(&w64), w64);
+        assert_eq!(scrub(&"w".repeat(65)), "[redacted]");
+        // Longer than 160 characters: cut, with a mark.
+        let long = "ab ".repeat(80);
+        let cut = scrub(&long);
+        assert!(cut.ends_with('…'), "{cut}");
+        assert_eq!(cut.chars().count(), 161);
+        // Exactly 160, or shortened only by dropping control characters: no mark.
+        let exact = "abc ".repeat(40).trim_end().to_string() + "x";
+        assert_eq!(exact.len(), 160);
+        assert_eq!(scrub(&exact), exact);
+        assert_eq!(scrub("bad\u{7} thing"), "bad thing");
+    }
 }

@@ -256,4 +256,38 @@ mod tests {
             assert!(!is_location(bad), "{bad}");
         }
     }
+
+    #[test]
+    fn dns_labels_are_lower_case_ldh_of_1_to_63() {
+        for ok in ["a", "a-b", "0", &"a".repeat(63)] {
+            assert!(is_dns_label(ok), "{ok}");
+        }
+        for bad in ["", &"a".repeat(64), "A", "a_b", "a.b", "-a", "a-"] {
+            assert!(!is_dns_label(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn each_kind_has_its_own_label() {
+        assert_eq!(HostKind::ContainerRegistry.as_str(), "gcr");
+        assert_eq!(HostKind::ArtifactRegistry.as_str(), "artifact-registry");
+        assert_ne!(HostKind::S3ns.as_str(), "");
+        assert_ne!(HostKind::S3ns.as_str(), HostKind::ArtifactRegistry.as_str());
+    }
+
+    #[test]
+    fn custom_hosts_under_google_domains_belong_to_googles_universe() {
+        let universe = |host: &str| domain_universe(&Registry::parse(host).unwrap());
+        // Not registries this provider recognises, but under its domains.
+        assert_eq!(
+            universe("mirror.pkg.dev"),
+            Some(crate::universe::DEFAULT_UNIVERSE)
+        );
+        assert_eq!(universe("pkg.dev"), Some(crate::universe::DEFAULT_UNIVERSE));
+        assert_eq!(
+            universe("x.y.gcr.io"),
+            Some(crate::universe::DEFAULT_UNIVERSE)
+        );
+        assert_eq!(universe("example.com"), None);
+    }
 }

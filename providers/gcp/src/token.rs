@@ -49,3 +49,21 @@ impl AccessToken {
         Ok(self)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_lives_what_it_says_or_five_minutes_when_it_says_nothing() {
+        let issued = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let token = |expires_in| {
+            AccessToken::from_expires_in(SecretString::from("t".to_string()), expires_in, issued)
+        };
+        assert_eq!(
+            token(Some(1800)).expires_at,
+            issued + Duration::from_secs(1800)
+        );
+        assert_eq!(token(None).expires_at, issued + Duration::from_secs(300));
+    }
+}
