@@ -5,9 +5,8 @@
 #   scripts/mutants.sh --in-diff origin/main  only mutants in lines changed since that ref
 #   scripts/mutants.sh --file src/broker/cache.rs [--file ...]   some files
 #   scripts/mutants.sh --unit-only ...        the first pass only (fast; undercounts)
-#   scripts/mutants.sh --jobs 2 ...           two mutants at a time (2 cores: pass 1 about
-#                                             twice as fast; pass 2 tests one while it
-#                                             builds the next)
+#   scripts/mutants.sh --jobs 2 ...           two mutants at a time (2 cores: about twice
+#                                             as fast; pass 2 in two lanes of files)
 #   scripts/mutants.sh --again                pass 2 again, over the last run's survivors
 #                                             only (after adding the tests that kill them)
 #   scripts/mutants.sh ... -- CARGO_TEST_ARGS [-- TEST_BINARY_ARGS]
@@ -112,13 +111,13 @@ mkdir -p "$shared_target"
 # No debug info: the builds are for running tests, and smaller objects link faster. This
 # target directory is the mutants' own, so it costs no rebuild elsewhere.
 export CARGO_PROFILE_DEV_DEBUG=${CARGO_PROFILE_DEV_DEBUG:-0} CARGO_PROFILE_TEST_DEBUG=${CARGO_PROFILE_TEST_DEBUG:-0}
-# Builds in a shared target directory, kept across runs, build dependencies once; but two
-# jobs sharing it wait for each other's build lock. Pass 1 (builds of seconds, tests of
-# less) with several jobs therefore builds in each job's own copy of the tree (dependencies
-# once per job); pass 2 (long tests) shares the directory, one job testing while the next
-# builds.
-target_for() { # PASS
-  if [[ $1 == 1 ]] && ((jobs > 1)); then unset CARGO_TARGET_DIR; else export CARGO_TARGET_DIR=$shared_target; fi
+# One job builds in a shared target directory, kept across runs, so dependencies build
+# once. Several jobs must not share one: each waits for the other's build lock, and each
+# build overwrites `target/debug/regbroker`, the binary the integration tests run. So with
+# several jobs each builds in its own copy of the tree (dependencies once per job), and
+# pass 2 runs lanes of one job each, every lane in a target directory of its own.
+target_for() {
+  if ((jobs > 1)); then unset CARGO_TARGET_DIR; else export CARGO_TARGET_DIR=$shared_target; fi
 }
 
 # --gitignore true: the copy of the tree leaves out what .gitignore lists (fuzz/target,
@@ -128,41 +127,69 @@ mutants() {
   shift
   mkdir -p "$o"
   local rc=0
-  cargo mutants --workspace --jobs "$jobs" --gitignore true --output "$o" "$@" || rc=$?
+  cargo mutants --workspace --jobs "${mutant_jobs:-$jobs}" --gitignore true --output "$o" "$@" || rc=$?
   # 0: all caught; 2: some missed; 3: some timed out; 4: the baseline failed; else broken.
   case $rc in 0 | 2 | 3) ;; *) log "cargo mutants exited $rc (see $o/mutants.out/debug.log)"; exit "$rc" ;; esac
 }
 
-# Pass 2 over the survivors listed in the file $1 (one name a line).
+# Pass 2 of one file's survivors (listed in $1), one mutant at a time.
+pass2_file() {
+  local list=$1 f=$2 o names cover cover_args a
+  # The exact names, as one regexp.
+  names=$(awk -v f="$f" 'index($0, f ":") == 1' "$list" | python3 -c '
+import re, sys
+print("^(" + "|".join(re.escape(l.rstrip("\n")) for l in sys.stdin) + ")$")')
+  read -r -a cover < <(awk -v f="$f" '$1 == f { $1 = ""; print }' scripts/mutants-tests.txt)
+  # The unit tests too: after new tests, --again must see the unit tests' kills.
+  cover_args=()
+  ((${#cover[@]} == 0)) || cover_args=(--cargo-arg=--lib)
+  for a in "${cover[@]}"; do cover_args+=(--cargo-arg="$a"); done
+  log "pass 2: $f with ${cover[*]:-the whole package tests}"
+  o="$out/pass2/${f//\//_}"
+  mkdir -p "$o"
+  awk -v f="$f" 'index($0, f ":") == 1' "$list" >"$o/given.txt"
+  # --no-config --file: only this file is read, because cargo-mutants 27.1 adds its
+  # "delete field" mutants of every examined file whatever --re says. --jobs 1: two jobs
+  # in one target directory would overwrite each other's `target/debug/regbroker`, the
+  # binary the integration tests run, so a test could run another mutant's binary.
+  mutant_jobs=1 mutants "$o" "${args[@]}" --no-config --file "$f" --re "$names" \
+    "${cover_args[@]}" -- -- "${test_args[@]}"
+}
+
+# Pass 2 over the survivors listed in the file $1 (one name a line): the files, most
+# survivors first, dealt to $jobs lanes; each lane tests one mutant at a time in a target
+# directory of its own.
 pass2() {
-  local list=$1 f o names cover cover_args a
+  local list=$1 f i lane best
   REGBROKER_VENV=${REGBROKER_VENV:-$PWD/.ci/.venv} \
     bash scripts/test.sh --setup-only --env-file "$out/test-env.sh" >"$out/setup.log" 2>&1 ||
     { cat "$out/setup.log" >&2; die "the peers could not be set up (scripts/test.sh --setup-only)"; }
   test_args=()
   # shellcheck source=/dev/null
   . "$out/test-env.sh"
-  target_for 2
-  while IFS= read -r f; do
-    # The exact names, as one regexp.
-    names=$(awk -v f="$f" 'index($0, f ":") == 1' "$list" | python3 -c '
-import re, sys
-print("^(" + "|".join(re.escape(l.rstrip("\n")) for l in sys.stdin) + ")$")')
-    read -r -a cover < <(awk -v f="$f" '$1 == f { $1 = ""; print }' scripts/mutants-tests.txt)
-    # The unit tests too: after new tests, --again must see the unit tests' kills.
-    cover_args=()
-    ((${#cover[@]} == 0)) || cover_args=(--cargo-arg=--lib)
-    for a in "${cover[@]}"; do cover_args+=(--cargo-arg="$a"); done
-    log "pass 2: $f with ${cover[*]:-the whole package tests}"
-    o="$out/pass2/${f//\//_}"
-    mkdir -p "$o"
-    awk -v f="$f" 'index($0, f ":") == 1' "$list" >"$o/given.txt"
-    # --no-config --file: only this file is read, because cargo-mutants 27.1 adds its
-    # "delete field" mutants of every examined file whatever --re says.
-    mutants "$o" "${args[@]}" --no-config --file "$f" --re "$names" "${cover_args[@]}" \
-      -- -- "${test_args[@]}"
-    passes+=("$o")
-  done < <(cut -d: -f1 "$list" | sort -u)
+  local -a lane_files load pids
+  for ((i = 0; i < jobs; i++)); do lane_files[i]=""; load[i]=0; done
+  while read -r n f; do
+    best=0
+    for ((i = 1; i < jobs; i++)); do ((load[i] < load[best])) && best=$i; done
+    lane_files[best]+="$f "
+    load[best]=$((load[best] + n))
+    passes+=("$out/pass2/${f//\//_}")
+  done < <(cut -d: -f1 "$list" | sort | uniq -c | sort -rn)
+  for ((i = 0; i < jobs; i++)); do
+    [[ -n ${lane_files[i]} ]] || continue
+    (
+      lane=$shared_target
+      ((i == 0)) || lane=$shared_target-lane$i
+      export CARGO_TARGET_DIR=$lane
+      for f in ${lane_files[i]}; do pass2_file "$list" "$f"; done
+    ) >"$out/pass2-lane$i.log" 2>&1 &
+    pids+=($!)
+    log "pass 2, lane $i (log: $out/pass2-lane$i.log): ${lane_files[i]}"
+  done
+  local failed=0
+  for p in "${pids[@]}"; do wait "$p" || failed=1; done
+  ((failed == 0)) || die "pass 2 failed (see $out/pass2-lane*.log)"
 }
 
 started=$SECONDS
@@ -172,12 +199,12 @@ if [[ -n $again ]]; then
   pass2 "$previous/survivors.txt"
 elif ((${#one_pass[@]})); then
   log "one pass, tests: ${one_pass[*]:1}"
-  target_for 2
+  target_for
   mutants "$out/pass1" "${args[@]}" "${select[@]}" "${one_pass[@]}"
   passes=("$out/pass1")
 else
   log "pass 1: every mutant with its package's unit tests"
-  target_for 1
+  target_for
   # What the selection names (cargo-mutants 27.1 tests "delete field" mutants beyond it).
   mkdir -p "$out/pass1"
   cargo mutants --workspace --list "${select[@]}" |
