@@ -7,6 +7,8 @@
 #   scripts/mutants.sh --unit-only ...        the first pass only (fast; undercounts)
 #   scripts/mutants.sh --jobs 2 ...           two mutants at a time (2 cores: about twice
 #                                             as fast; pass 2 in two lanes of files)
+#   scripts/mutants.sh --timeout 300 ...      pass 2's test timeout (pass 1's unit tests:
+#                                             --unit-timeout, 60 s)
 #   scripts/mutants.sh --again                pass 2 again, over the last run's survivors
 #                                             only (after adding the tests that kill them)
 #   scripts/mutants.sh ... -- CARGO_TEST_ARGS [-- TEST_BINARY_ARGS]
@@ -44,6 +46,8 @@ if ! command -v cargo-mutants >/dev/null; then
   exit 1
 fi
 
+timeout2=()    # pass 2's --timeout
+unit_timeout=60
 args=()        # every pass
 select=()      # pass 1 only: which mutants
 files=()
@@ -73,6 +77,15 @@ while (($#)); do
       shift 2 ;;
     --unit-only | --lib-only) unit_only=1; shift ;;
     --again) again=1; shift ;;
+    --timeout)
+      # Pass 2's (integration tests); pass 1's unit tests get --unit-timeout (60 s).
+      (($# >= 2)) || die "--timeout needs seconds"
+      timeout2=(--timeout "$2")
+      shift 2 ;;
+    --unit-timeout)
+      (($# >= 2)) || die "--unit-timeout needs seconds"
+      unit_timeout=$2
+      shift 2 ;;
     --re | -F | --exclude-re | -E)
       (($# >= 2)) || die "$1 needs a regexp"
       select+=("$1" "$2")
@@ -152,7 +165,7 @@ print("^(" + "|".join(re.escape(l.rstrip("\n")) for l in sys.stdin) + ")$")')
   # "delete field" mutants of every examined file whatever --re says. --jobs 1: two jobs
   # in one target directory would overwrite each other's `target/debug/regbroker`, the
   # binary the integration tests run, so a test could run another mutant's binary.
-  mutant_jobs=1 mutants "$o" "${args[@]}" --no-config --file "$f" --re "$names" \
+  mutant_jobs=1 mutants "$o" "${args[@]}" "${timeout2[@]}" --no-config --file "$f" --re "$names" \
     "${cover_args[@]}" -- -- "${test_args[@]}"
 }
 
@@ -200,7 +213,7 @@ if [[ -n $again ]]; then
 elif ((${#one_pass[@]})); then
   log "one pass, tests: ${one_pass[*]:1}"
   target_for
-  mutants "$out/pass1" "${args[@]}" "${select[@]}" "${one_pass[@]}"
+  mutants "$out/pass1" "${args[@]}" "${timeout2[@]}" "${select[@]}" "${one_pass[@]}"
   passes=("$out/pass1")
 else
   log "pass 1: every mutant with its package's unit tests"
@@ -209,7 +222,7 @@ else
   mkdir -p "$out/pass1"
   cargo mutants --workspace --list "${select[@]}" |
     python3 scripts/mutants_summary.py --select "${select[@]}" >"$out/pass1/given.txt"
-  mutants "$out/pass1" "${args[@]}" "${select[@]}" --cargo-arg=--lib
+  mutants "$out/pass1" "${args[@]}" "${select[@]}" --timeout "$unit_timeout" --cargo-arg=--lib
   passes=("$out/pass1")
   python3 scripts/mutants_summary.py --survivors "$out/pass1" >"$out/pass1/left.txt"
   if [[ -z $unit_only && -s $out/pass1/left.txt ]]; then
