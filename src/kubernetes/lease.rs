@@ -720,6 +720,19 @@ pub fn identity(base: &str) -> String {
 }
 
 #[cfg(test)]
+impl Leadership {
+    /// For unit tests elsewhere in the crate: a replica that leads from now on, or one
+    /// that does not lead.
+    pub(crate) fn for_tests(identity: &str, leading: bool) -> Leadership {
+        let l = Leadership::new(identity.to_string(), Duration::from_secs(10));
+        if leading {
+            l.start_term(Instant::now());
+        }
+        l
+    }
+}
+
+#[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;

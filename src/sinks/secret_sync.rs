@@ -748,6 +748,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_a_leading_replica_may_write_and_its_writes_are_signed() {
+        let leading = Leadership::for_tests("replica-a", true);
+        let follower = Leadership::for_tests("replica-b", false);
+        assert!(
+            may_write(None).is_ok(),
+            "without leader election every write goes"
+        );
+        assert!(may_write(Some(&leading)).is_ok());
+        assert!(matches!(
+            may_write(Some(&follower)),
+            Err(SyncError::NotLeader)
+        ));
+        let mut meta = ObjectMeta::default();
+        sign(&mut meta, None);
+        assert_eq!(meta.annotations, None);
+        sign(&mut meta, Some(&leading));
+        assert_eq!(
+            meta.annotations
+                .unwrap()
+                .get(WRITTEN_BY)
+                .map(String::as_str),
+            Some("replica-a")
+        );
+    }
+
+    #[test]
     fn secret_refs_parse_and_reject_with_clear_errors() {
         let r: SecretRef = "flux-system/regbroker-ecr".parse().unwrap();
         assert_eq!(r.namespace, "flux-system");
