@@ -774,6 +774,51 @@ mod tests {
     }
 
     #[test]
+    fn a_secret_is_ours_only_with_our_managed_by_label() {
+        let meta = |labels: &[(&str, &str)]| ObjectMeta {
+            labels: (!labels.is_empty()).then(|| {
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            }),
+            ..ObjectMeta::default()
+        };
+        assert!(is_ours(&meta(&[(MANAGED_BY_LABEL, MANAGED_BY)])));
+        assert!(!is_ours(&meta(&[(MANAGED_BY_LABEL, "helm")])));
+        assert!(!is_ours(&meta(&[("app", MANAGED_BY)])));
+        assert!(!is_ours(&meta(&[])));
+    }
+
+    #[test]
+    fn entries_of_registries_that_failed_this_pass_are_kept_from_the_secret() {
+        let r = |h: &str| Registry::parse(h).unwrap();
+        let existing = ByteString(
+            br#"{"auths": {"a.example.com": {"auth": "old-a"}, "b.example.com": {"auth": "old-b"}, "gone.example.com": {"auth": "old-g"}}}"#
+                .to_vec(),
+        );
+        let contents = r#"{"auths": {"c.example.com": {"auth": "new-c"}}}"#;
+        let kept = keep_missing(
+            contents,
+            Some(&existing),
+            &[r("a.example.com"), r("b.example.com"), r("x.example.com")],
+        )
+        .expect("two entries kept");
+        let v: serde_json::Value = serde_json::from_str(&kept).unwrap();
+        assert_eq!(v["auths"]["a.example.com"]["auth"], "old-a");
+        assert_eq!(v["auths"]["b.example.com"]["auth"], "old-b");
+        assert_eq!(v["auths"]["c.example.com"]["auth"], "new-c");
+        assert!(
+            v["auths"].get("gone.example.com").is_none(),
+            "not wanted: dropped"
+        );
+        // Nothing missing, or nothing of it in the Secret: the contents as they are.
+        assert!(keep_missing(contents, Some(&existing), &[]).is_none());
+        assert!(keep_missing(contents, Some(&existing), &[r("x.example.com")]).is_none());
+        assert!(keep_missing(contents, None, &[r("a.example.com")]).is_none());
+    }
+
+    #[test]
     fn secret_refs_parse_and_reject_with_clear_errors() {
         let r: SecretRef = "flux-system/regbroker-ecr".parse().unwrap();
         assert_eq!(r.namespace, "flux-system");
