@@ -676,4 +676,58 @@ mod tests {
             assert!(msg.contains(needle), "{msg}");
         }
     }
+
+    #[test]
+    fn the_name_and_docker_hub_are_what_the_parse_gave() {
+        let r = Registry::parse("https://R.example.com:5000/v2/").unwrap();
+        assert_eq!(r.as_str(), "r.example.com:5000");
+        assert!(!r.is_docker_hub());
+        assert!(Registry::parse("index.docker.io").unwrap().is_docker_hub());
+    }
+
+    #[test]
+    fn references_with_tags_and_digests_of_every_allowed_form_parse() {
+        assert_eq!(ok("r.example.com/a/bbbb:v1"), "r.example.com");
+        assert_eq!(ok("r.example.com/app@sha256:AB_c-d="), "r.example.com");
+        assert_eq!(ok("r.example.com:65535/app"), "r.example.com:65535");
+    }
+
+    #[test]
+    fn a_bad_port_is_shown_cut_to_8_characters_with_a_mark() {
+        let port = |input: &str| match Registry::parse(input) {
+            Err(ParseError::InvalidPort(p)) => p,
+            other => panic!("{input}: {other:?}"),
+        };
+        assert_eq!(port("r.example.com:123456789"), "12345678…");
+        assert_eq!(port("r.example.com:12345678"), "12345678");
+        assert_eq!(port("r.example.com:65536"), "65536");
+        assert_eq!(port("r.example.com:0"), "0");
+    }
+
+    #[test]
+    fn hosts_of_253_characters_parse_and_a_bad_label_is_shown_cut_with_a_mark() {
+        let host = |len: usize| {
+            let mut h = "a".repeat(63);
+            while h.len() < len {
+                let room = (len - h.len() - 1).min(63);
+                h.push('.');
+                h.push_str(&"b".repeat(room));
+            }
+            h
+        };
+        assert_eq!(ok(&host(253)), host(253));
+        assert_eq!(
+            Registry::parse(&host(254)),
+            Err(ParseError::HostTooLong(254))
+        );
+        let label = |input: &str| match Registry::parse(input) {
+            Err(ParseError::InvalidLabel(l)) => l,
+            other => panic!("{input}: {other:?}"),
+        };
+        let long = format!("{}.example.com", "c".repeat(64));
+        assert_eq!(label(&long), format!("{}…", "c".repeat(63)));
+        let exact = format!("-{}.example.com", "c".repeat(62));
+        assert_eq!(label(&exact), format!("-{}", "c".repeat(62)));
+        assert_eq!(label("-a.example.com"), "-a");
+    }
 }
