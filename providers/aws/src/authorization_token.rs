@@ -210,4 +210,18 @@ mod tests {
             assert!(!err.contains("s3cr3t"), "{err}");
         }
     }
+
+    #[test]
+    fn the_credential_expires_when_the_answer_says() {
+        use base64::Engine as _;
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        let at = aws_smithy_types::DateTime::from_secs(1_700_000_000 + 3600);
+        let token = base64::engine::general_purpose::STANDARD.encode("AWS:pw");
+        let c = credential_from_authorization_data("ECR", Some((&token, Some(at))), now).unwrap();
+        assert_eq!(
+            c.expires_at(),
+            Some(now + std::time::Duration::from_secs(3600))
+        );
+        assert_eq!(c.secret().expose_secret(), "pw");
+    }
 }

@@ -287,4 +287,11 @@ mod tests {
         assert_eq!(cloud_of_suffix("x.notazurecr.io"), None);
         assert_eq!(cloud_of_suffix("proxy.example.com"), None);
     }
+
+    #[test]
+    fn each_cloud_has_a_short_name_of_its_own() {
+        assert_eq!(Cloud::Public.name(), "public");
+        assert_eq!(Cloud::China.name(), "china");
+        assert_eq!(Cloud::UsGovernment.name(), "usgov");
+    }
 }
