@@ -307,6 +307,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn answered_statuses_map_to_error_kinds_and_only_429_and_5xx_are_retried() {
+        use regbroker_provider::ErrorKind as K;
+        let kind = |upstream, status| {
+            to_error(upstream, "the call", Failure::Status(status, Vec::new())).kind()
+        };
+        for (status, want) in [
+            (400, K::IdentityRejected),
+            (401, K::IdentityRejected),
+            (403, K::IdentityRejected),
+            (404, K::IdentityRejected),
+            (429, K::Throttled),
+            (500, K::Unavailable),
+            (503, K::Unavailable),
+            (302, K::BadResponse),
+            (418, K::BadResponse),
+        ] {
+            assert_eq!(kind(Upstream::TokenEndpoint, status), want, "{status}");
+            assert_eq!(
+                Failure::Status(status, Vec::new()).retryable(),
+                status == 429 || status >= 500,
+                "{status}"
+            );
+        }
+        // The metadata server's 404: no service account for this workload.
+        assert_eq!(kind(Upstream::Metadata, 404), K::IdentityMissing);
+        assert_eq!(kind(Upstream::Metadata, 403), K::IdentityRejected);
+        let message = to_error(
+            Upstream::TokenEndpoint,
+            "the call",
+            Failure::Status(403, br#"{"error":"invalid_grant"}"#.to_vec()),
+        );
+        assert_eq!(
+            message.message(),
+            "the call answered HTTP 403 (invalid_grant)"
+        );
+    }
+
+    #[test]
     fn oauth_error_codes_are_echoed_only_when_plain() {
         assert_eq!(
             oauth_error_code(br#"{"error":"invalid_grant","error_description":"secret stuff"}"#),
