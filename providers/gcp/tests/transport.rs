@@ -64,25 +64,85 @@ async fn kind_at(metadata_host: &str) -> (ErrorKind, String) {
     (e.kind(), e.chain())
 }
 
-#[tokio::test(flavor = "current_thread")]
-async fn a_refused_connection_is_retried_then_reported_as_no_identity() {
-    // A metadata server may still be starting when a pod starts: a refused connection is
-    // worth another try (3 attempts in the tests' settings).
+/// `kind_at`, counting the retries it logged (on this thread: the test's runtime must be
+/// single-threaded).
+async fn kind_and_retries_at(metadata_host: &str) -> (ErrorKind, String, usize) {
     let lines = Lines::default();
     let writer = lines.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::DEBUG)
         .with_writer(move || writer.clone())
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-    let (kind, chain) = kind_at(&format!("127.0.0.1:{}", closed_port())).await;
-    assert_eq!(kind, ErrorKind::IdentityMissing, "{chain}");
+    let (kind, chain) = {
+        let _guard = tracing::subscriber::set_default(subscriber);
+        kind_at(metadata_host).await
+    };
     let log = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-    assert_eq!(
+    (
+        kind,
+        chain,
         log.matches("Token call failed, retrying").count(),
-        2,
-        "{log}"
-    );
+    )
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_connection_is_retried_then_reported_as_no_identity() {
+    // A metadata server may still be starting when a pod starts: a refused connection is
+    // worth another try (3 attempts in the tests' settings).
+    let (kind, chain, retries) = kind_and_retries_at(&format!("127.0.0.1:{}", closed_port())).await;
+    assert_eq!(kind, ErrorKind::IdentityMissing, "{chain}");
+    assert_eq!(retries, 2, "{chain}");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_refusal_is_not_retried_but_a_server_error_is() {
+    let forbidden = raw_server(
+        b"HTTP/1.1 403 Forbidden\r\ncontent-length: 2\r\n\r\n{}".to_vec(),
+        false,
+    )
+    .await;
+    let (kind, chain, retries) = kind_and_retries_at(&forbidden).await;
+    assert_eq!(kind, ErrorKind::IdentityRejected, "{chain}");
+    assert_eq!(retries, 0, "{chain}");
+    let unavailable = raw_server(
+        b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\n\r\n{}".to_vec(),
+        false,
+    )
+    .await;
+    let (kind, chain, retries) = kind_and_retries_at(&unavailable).await;
+    assert_eq!(kind, ErrorKind::Unavailable, "{chain}");
+    assert_eq!(retries, 2, "{chain}");
+}
+
+#[tokio::test]
+async fn a_token_answer_may_be_64_kib_and_not_a_byte_more() {
+    let cap = regbroker_provider::MAX_UPSTREAM_BODY;
+    // With its length announced, and read to the end of the connection.
+    for announced in [true, false] {
+        let answer = |len: usize| {
+            let head = if announced {
+                format!("HTTP/1.1 200 OK\r\ncontent-length: {len}\r\n\r\n")
+            } else {
+                "HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n".to_string()
+            };
+            let mut a = head.into_bytes();
+            a.extend(std::iter::repeat_n(b' ', len));
+            a
+        };
+        // At the cap: read, then refused as not a token (all blanks), not as too large.
+        let (kind, chain) = kind_at(&raw_server(answer(cap), false).await).await;
+        assert_eq!(kind, ErrorKind::BadResponse, "{chain}");
+        assert!(
+            !chain.contains("larger than"),
+            "announced {announced}: {chain}"
+        );
+        let (kind, chain) = kind_at(&raw_server(answer(cap + 1), false).await).await;
+        assert_eq!(kind, ErrorKind::BadResponse, "{chain}");
+        assert!(
+            chain.contains("larger than"),
+            "announced {announced}: {chain}"
+        );
+    }
 }
 
 #[tokio::test]
