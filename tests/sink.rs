@@ -95,6 +95,61 @@ async fn sink_writes_static_rule_and_named_registries_and_refreshes_before_expir
     assert!(auth_of(&path, "static.example.com").is_none());
 }
 
+#[tokio::test]
+async fn a_credential_whose_refresh_fails_leaves_the_file_once_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = TestServer::builder()
+        .config("[[rule]]\nmatch = \"proxy.example.com\"\nsource = \"fake\"\n")
+        .start()
+        .await;
+    // 1000 s of life: refresh at 776 s, stale at 970 s. Every refresh fails.
+    srv.fake
+        .then(Answer::Credential(Some(Duration::from_secs(1000))));
+    for _ in 0..10 {
+        srv.fake
+            .then(Answer::Fail(regbroker_provider::Error::unavailable));
+    }
+    let path = dir.path().join("config.json");
+    let config = Config {
+        path: path.clone(),
+        extra: vec![],
+    };
+    let mut sink = Sink::start(srv.broker.clone(), config).await.unwrap();
+    let written = auth_of(&path, "proxy.example.com").unwrap();
+    // Past the refresh point, before the stale point: the cached one is still written.
+    srv.clock.advance(Duration::from_secs(800));
+    sink.refresh().await;
+    assert_eq!(auth_of(&path, "proxy.example.com").unwrap(), written);
+    // Past the stale point: gone from the file, not kept because the fetch failed.
+    srv.clock.advance(Duration::from_secs(180));
+    sink.refresh().await;
+    assert_eq!(auth_of(&path, "proxy.example.com"), None);
+}
+
+#[tokio::test]
+async fn a_named_registry_that_loses_its_source_leaves_the_file_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let statics = dir.path().join("static.json");
+    std::fs::write(
+        &statics,
+        docker_config(&[("static.example.com", "s-user", "s-pw")]),
+    )
+    .unwrap();
+    let srv = TestServer::builder().docker_config(&statics).start().await;
+    let path = dir.path().join("config.json");
+    // Named as well, so it stays wanted when its static entry goes.
+    let config = Config {
+        path: path.clone(),
+        extra: vec![Registry::parse("static.example.com").unwrap()],
+    };
+    let mut sink = Sink::start(srv.broker.clone(), config).await.unwrap();
+    assert_eq!(auth_of(&path, "static.example.com").unwrap(), "s-user:s-pw");
+    std::fs::write(&statics, docker_config(&[])).unwrap();
+    srv.statics.reload().unwrap();
+    sink.refresh().await;
+    assert_eq!(auth_of(&path, "static.example.com"), None);
+}
+
 fn inode(path: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).unwrap().ino()
