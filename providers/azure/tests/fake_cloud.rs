@@ -117,6 +117,24 @@ async fn exchange_429_and_503_are_transient() {
 }
 
 #[tokio::test]
+async fn an_exchange_answer_over_the_size_cap_counts_by_its_status() {
+    // A body over the cap is not read: a 5xx or 429 is still the upstream failing; any
+    // other status is a bad answer.
+    let s = scenario(false).await;
+    let huge = "x".repeat(regbroker_provider::MAX_UPSTREAM_BODY + 1);
+    for (status, want) in [
+        (503, ErrorKind::Unavailable),
+        (429, ErrorKind::Throttled),
+        (200, ErrorKind::BadResponse),
+        (401, ErrorKind::BadResponse),
+    ] {
+        s.running.fake.script_exchange(status, &huge);
+        let e = fetch(&s).await.unwrap_err();
+        assert_eq!(e.kind(), want, "HTTP {status}: {e}");
+    }
+}
+
+#[tokio::test]
 async fn refresh_token_exp_in_the_year_10000_or_later_is_capped() {
     // A year-10000 `exp` once reached RFC 3339 formatting, which panicked (an abort in
     // the release build). It is capped at MAX_LIFETIME from now at the provider boundary.
