@@ -134,6 +134,54 @@ async fn an_exchange_answer_over_the_size_cap_counts_by_its_status() {
     }
 }
 
+/// The exchange sent to a raw TCP server on loopback that reads the request and then
+/// either never answers (`stall`) or closes the connection: faults no real server gives on
+/// demand. Entra ID is the fake's; the exchange times out after 1 s.
+async fn exchange_fault(stall: bool) -> regbroker_provider::Error {
+    use tokio::io::AsyncReadExt as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                if stall {
+                    std::future::pending::<()>().await;
+                }
+            });
+        }
+    });
+    let running = start().await;
+    let token_file = SaTokenFile::write();
+    let mut env = identity_env(format!("{}/", running.https));
+    env.push((
+        "REGBROKER_AZURE_EXCHANGE_URL",
+        format!("http://{addr}/oauth2/exchange"),
+    ));
+    env.push(("AZURE_FEDERATED_TOKEN_FILE", token_file.path.clone()));
+    let provider = AzureProvider::builder()
+        .env(Env::from_pairs(env))
+        .http_client(client_trusting(&running.ca_pem))
+        .clock(Arc::new(ManualClock::fixed()) as regbroker_provider::SharedClock)
+        .retry(1, Duration::from_millis(20))
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let target = provider.recognise(&registry()).expect("recognised");
+    provider.fetch(&target).await.unwrap_err()
+}
+
+#[tokio::test]
+async fn an_exchange_that_never_answers_times_out_and_a_dropped_one_is_unavailable() {
+    let e = exchange_fault(true).await;
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{}", e.chain());
+    let e = exchange_fault(false).await;
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{}", e.chain());
+    assert!(e.message().contains("could not be sent"), "{}", e.chain());
+}
+
 #[tokio::test]
 async fn refresh_token_exp_in_the_year_10000_or_later_is_capped() {
     // A year-10000 `exp` once reached RFC 3339 formatting, which panicked (an abort in
