@@ -136,7 +136,7 @@ async fn an_exchange_answer_over_the_size_cap_counts_by_its_status() {
 
 /// The exchange sent to a raw TCP server on loopback that reads the request and then
 /// either never answers (`stall`) or closes the connection: faults no real server gives on
-/// demand. Entra ID is the fake's; the exchange times out after 1 s.
+/// demand. Entra ID is the fake's; the transport times out after 1 s.
 async fn exchange_fault(stall: bool) -> regbroker_provider::Error {
     use tokio::io::AsyncReadExt as _;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -163,10 +163,20 @@ async fn exchange_fault(stall: bool) -> regbroker_provider::Error {
     env.push(("AZURE_FEDERATED_TOKEN_FILE", token_file.path.clone()));
     let provider = AzureProvider::builder()
         .env(Env::from_pairs(env))
-        .http_client(client_trusting(&running.ca_pem))
+        // The transport's own timeout (1 s) comes before the provider's (10 s).
+        .http_client(
+            reqwest::Client::builder()
+                .tls_certs_only(
+                    [reqwest::Certificate::from_pem(running.ca_pem.as_bytes()).unwrap()],
+                )
+                .no_proxy()
+                .timeout(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
         .clock(Arc::new(ManualClock::fixed()) as regbroker_provider::SharedClock)
         .retry(1, Duration::from_millis(20))
-        .timeout(Duration::from_secs(1))
+        .timeout(Duration::from_secs(10))
         .build()
         .unwrap();
     let target = provider.recognise(&registry()).expect("recognised");
