@@ -3,7 +3,7 @@
 
     mutants_summary.py [--elapsed S] PASS_DIR...    the summary; exit 0 when every mutant
                                                     was caught
-    mutants_summary.py --survivors PASS_DIR...      survivor names, one a line
+    mutants_summary.py --survivors PASS_DIR...      missed mutants' names, one a line
     mutants_summary.py --select SELECTION...        names on stdin that the selection
                                                     (--re, --exclude-re) names
 
@@ -89,7 +89,8 @@ def main(argv):
     missed = sorted(n for n, (s, _) in final.items() if s == "MissedMutant")
     timeouts = sorted(n for n, (s, _) in final.items() if s == "Timeout")
     if survivors_only:
-        print("\n".join(missed + timeouts))
+        # Timed-out mutants are caught (a test hung); --again need not wait for them again.
+        print("\n".join(missed))
         return 0
     took = f" in {elapsed} s" if elapsed else ""
     print(
