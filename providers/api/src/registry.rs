@@ -688,6 +688,8 @@ mod tests {
     #[test]
     fn references_with_tags_and_digests_of_every_allowed_form_parse() {
         assert_eq!(ok("r.example.com/a/bbbb:v1"), "r.example.com");
+        // The name before a tag is checked whole: cut short, `c-dd` would end in `-`.
+        assert_eq!(ok("r.example.com/ab/c-dd:v1"), "r.example.com");
         assert_eq!(ok("r.example.com/app@sha256:AB_c-d="), "r.example.com");
         assert_eq!(ok("r.example.com:65535/app"), "r.example.com:65535");
     }
