@@ -119,3 +119,29 @@ impl Sink {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_is_written_through_a_temporary_file_beside_it() {
+        // Renamed into place, the temporary file must be on the target's filesystem: made
+        // in the working directory instead, the rename would fail across filesystems.
+        // /dev/shm (tmpfs) is on another filesystem than the working directory here.
+        use std::os::unix::fs::MetadataExt as _;
+        let cwd = std::fs::metadata(".").unwrap().dev();
+        let shm = std::fs::metadata("/dev/shm")
+            .expect("/dev/shm (a tmpfs) for a filesystem other than the working directory's");
+        assert_ne!(
+            shm.dev(),
+            cwd,
+            "/dev/shm shares the working directory's filesystem"
+        );
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let path = dir.path().join("config.json");
+        write_atomic(&path, b"{}").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"{}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}
