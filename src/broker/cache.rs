@@ -987,6 +987,16 @@ mod tests {
             }
         }
 
+        /// A cache whose first failure pauses `backoff` (times the jitter), doubling up
+        /// to an hour.
+        fn with_backoff(backoff: Duration) -> (Cache, ManualClock) {
+            cache(Config {
+                failure_backoff: backoff,
+                max_failure_backoff: HOUR,
+                ..Config::default()
+            })
+        }
+
         fn cache(config: Config) -> (Cache, ManualClock) {
             let clock =
                 ManualClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000));
@@ -1323,11 +1333,7 @@ mod tests {
         async fn a_credential_past_its_stale_point_is_never_served_during_a_failure_pause() {
             // A pause of at least 30 min (jitter halves at most): long enough to outlast
             // the stale point, so the failure branch is what answers.
-            let (cache, clock) = cache(Config {
-                failure_backoff: HOUR,
-                max_failure_backoff: HOUR,
-                ..Config::default()
-            });
+            let (cache, clock) = with_backoff(HOUR);
             let calls = Arc::new(AtomicUsize::new(0));
             let k = key("a");
             cache
@@ -1464,11 +1470,7 @@ mod tests {
         #[tokio::test(start_paused = true)]
         async fn a_success_clears_the_failure_record_so_the_next_pause_starts_over() {
             // Pauses: 1st failure 5-10 s, 2nd 10-20 s, 3rd 20-40 s (jitter in [0.5, 1]).
-            let (cache, clock) = cache(Config {
-                failure_backoff: Duration::from_secs(10),
-                max_failure_backoff: HOUR,
-                ..Config::default()
-            });
+            let (cache, clock) = with_backoff(Duration::from_secs(10));
             let calls = Arc::new(AtomicUsize::new(0));
             let k = key("a");
             for pause_over in [11, 21] {
@@ -1732,11 +1734,7 @@ mod tests {
         #[tokio::test(start_paused = true)]
         async fn the_failure_pause_doubles_with_each_failure_in_a_row() {
             // Base 10 s: the first pause is 5-10 s, the second 10-20 s.
-            let (cache, clock) = cache(Config {
-                failure_backoff: Duration::from_secs(10),
-                max_failure_backoff: HOUR,
-                ..Config::default()
-            });
+            let (cache, clock) = with_backoff(Duration::from_secs(10));
             let calls = Arc::new(AtomicUsize::new(0));
             let k = key("a");
             let fail = || async {
@@ -1766,11 +1764,7 @@ mod tests {
             // Keys failing together must not retry together: each pause is the backoff
             // times a random factor in [0.5, 1).
             let backoff = Duration::from_secs(10);
-            let (cache, clock) = cache(Config {
-                failure_backoff: backoff,
-                max_failure_backoff: HOUR,
-                ..Config::default()
-            });
+            let (cache, clock) = with_backoff(backoff);
             let calls = Arc::new(AtomicUsize::new(0));
             let mut pauses = Vec::new();
             for i in 0..40 {
