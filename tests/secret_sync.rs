@@ -36,6 +36,8 @@ struct ApiState {
     resource_version: u64,
     log: Vec<String>,
     fail_next: VecDeque<u16>,
+    /// The next write (`POST` or `PUT`) fails with this status and reason.
+    fail_next_write: Option<(u16, &'static str)>,
     lose_next_update: bool,
 }
 
@@ -53,6 +55,16 @@ fn status(code: StatusCode, reason: &str, message: &str) -> (StatusCode, Json<Va
 
 /// Records the request; answers an injected failure if one is queued.
 fn enter(s: &mut ApiState, line: String) -> Option<(StatusCode, Json<Value>)> {
+    if !line.starts_with("GET")
+        && let Some((code, reason)) = s.fail_next_write.take()
+    {
+        s.log.push(line);
+        return Some(status(
+            StatusCode::from_u16(code).unwrap(),
+            reason,
+            "injected failure",
+        ));
+    }
     s.log.push(line);
     let code = s.fail_next.pop_front()?;
     Some(status(
@@ -190,6 +202,10 @@ impl FakeApi {
         store(&mut self.state.lock().unwrap(), ns, obj);
     }
 
+    fn fail_next_write(&self, code: u16, reason: &'static str) {
+        self.state.lock().unwrap().fail_next_write = Some((code, reason));
+    }
+
     fn fail_next(&self, codes: &[u16]) {
         self.state.lock().unwrap().fail_next.extend(codes);
     }
@@ -289,6 +305,57 @@ async fn update_conflicts_are_retried_on_the_latest_version() {
     assert_eq!(
         s["metadata"]["annotations"]["other-writer"], "was here",
         "the other writer's change is kept"
+    );
+}
+
+#[tokio::test]
+async fn a_create_that_loses_a_race_reads_again_and_another_refusal_is_an_error() {
+    let (srv, _dir) = server_with_static().await;
+    let api = FakeApi::start().await;
+    // Someone created it between our read and our write: read again, then write.
+    api.fail_next_write(409, "AlreadyExists");
+    let sync = SecretSync::start(srv.broker.clone(), config(&["ns/creds"]), api.client()).await;
+    assert_eq!(
+        api.take_log(),
+        [
+            "GET ns/creds",
+            "POST ns/creds",
+            "GET ns/creds",
+            "POST ns/creds"
+        ]
+    );
+    assert_eq!(sync.outcomes()[0].1, Some(Outcome::Created));
+    // Any other refusal of the create is an error at once, not a retry.
+    let api = FakeApi::start().await;
+    api.fail_next_write(403, "Forbidden");
+    let sync = SecretSync::start(srv.broker.clone(), config(&["ns/creds"]), api.client()).await;
+    assert_eq!(api.take_log(), ["GET ns/creds", "POST ns/creds"]);
+    assert!(
+        matches!(&sync.outcomes()[0].1, Some(Outcome::Failed(m)) if m.contains("Forbidden")),
+        "{:?}",
+        sync.outcomes()
+    );
+}
+
+#[tokio::test]
+async fn a_refused_update_is_an_error_at_once_not_a_retry() {
+    let (srv, _dir) = server_with_static().await;
+    let api = FakeApi::start().await;
+    api.put(
+        "ns",
+        json!({
+            "metadata": {"name": "creds", "labels": {"app.kubernetes.io/managed-by": "regbroker"}},
+            "type": "kubernetes.io/dockerconfigjson",
+            "data": {".dockerconfigjson": "e30="},
+        }),
+    );
+    api.fail_next_write(403, "Forbidden");
+    let sync = SecretSync::start(srv.broker.clone(), config(&["ns/creds"]), api.client()).await;
+    assert_eq!(api.take_log(), ["GET ns/creds", "PUT ns/creds"]);
+    assert!(
+        matches!(&sync.outcomes()[0].1, Some(Outcome::Failed(m)) if m.contains("Forbidden")),
+        "{:?}",
+        sync.outcomes()
     );
 }
 
