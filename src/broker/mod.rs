@@ -419,7 +419,12 @@ mod tests {
             Ok(())
         }
         fn target(&self, registry: &Registry, _: &Options) -> Result<Target, Error> {
-            Ok(Target::new(registry.clone(), "own"))
+            // A rule's host outside `*.test` is one this provider does not serve.
+            if registry.host().ends_with(".test") {
+                Ok(Target::new(registry.clone(), "own"))
+            } else {
+                Err(Error::new(self.0, "not a host of this provider"))
+            }
         }
         fn bind_workload(&self, _: Target, _: WorkloadIdentity) -> Result<Target, Error> {
             Err(Error::new(self.0, "refused for this workload"))
@@ -441,6 +446,46 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         bind(Route::Provider(p, target), &workload)
+    }
+
+    /// How a rule sending `host` to the `Refusing` provider is decided.
+    fn decided(kind: ErrorKind, host: &str) -> Route {
+        let p: Arc<dyn Provider> = Arc::new(Refusing(kind));
+        let rule = routing::Rule {
+            pattern: routing::Pattern::parse(host).unwrap_or_else(|e| panic!("{e}")),
+            source: routing::Source::Provider {
+                name: "refusing".into(),
+                options: Options::default(),
+            },
+        };
+        let metrics = Arc::new(Metrics::new());
+        let broker = Broker::new(
+            Arc::new(static_secret::Store::empty(metrics.clone())),
+            Router::new(vec![rule]),
+            Providers::new(vec![p]),
+            cache::Config::default(),
+            metrics,
+            Arc::new(regbroker_provider::ManualClock::fixed()),
+        );
+        broker
+            .decide(&Registry::parse(host).unwrap_or_else(|e| panic!("{e}")))
+            .route
+    }
+
+    #[test]
+    fn a_rule_to_a_provider_that_does_not_serve_the_host_is_not_configured_not_a_failure() {
+        match decided(ErrorKind::NotConfigured, "elsewhere.example.com") {
+            Route::NotConfigured(m) => assert!(m.contains("not a host of this provider"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        match decided(ErrorKind::InvalidConfig, "elsewhere.example.com") {
+            Route::Failed("refusing", e) => assert_eq!(e.kind(), ErrorKind::InvalidConfig),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            decided(ErrorKind::NotConfigured, "a.test"),
+            Route::Provider(..)
+        ));
     }
 
     #[test]
