@@ -191,3 +191,55 @@ async fn an_error_answer_over_the_size_cap_still_counts_by_its_status() {
     assert_eq!(kind, ErrorKind::Unavailable, "{chain}");
     assert!(chain.contains("HTTP 500"), "{chain}");
 }
+
+#[tokio::test]
+async fn an_unreachable_token_endpoint_is_unavailable_not_a_missing_identity() {
+    // Only the metadata server out of reach means "no identity here"; a key file's
+    // token endpoint out of reach is the upstream being unavailable.
+    let dir = tempfile::tempdir().unwrap();
+    let key = common::test_key();
+    let token_uri = format!("http://127.0.0.1:{}/token", closed_port());
+    let path = common::service_account_key(&dir, &key, "sa@p.iam.gserviceaccount.com", &token_uri);
+    let clock = ManualClock::fixed();
+    let p = common::credentials_provider(&path, &clock);
+    let e = fetch(&p, "gcr.io").await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{}", e.chain());
+    assert!(
+        e.message().contains("could not be reached"),
+        "{}",
+        e.chain()
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_token_answer_is_named_by_what_is_wrong_with_it() {
+    for (body, what) in [
+        (
+            &br#"{"access_token": "ya29.x", "expires_in""#[..],
+            "truncated JSON",
+        ),
+        (&br#"{"access_token": 12}"#[..], "missing or mistyped field"),
+        (&b"{not json}"[..], "invalid JSON"),
+    ] {
+        let mut answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(body);
+        // A key file's token endpoint: its answer is the first one read.
+        let addr = raw_server(answer, false).await;
+        let dir = tempfile::tempdir().unwrap();
+        let key = common::test_key();
+        let path = common::service_account_key(
+            &dir,
+            &key,
+            "sa@p.iam.gserviceaccount.com",
+            &format!("http://{addr}/token"),
+        );
+        let p = common::credentials_provider(&path, &ManualClock::fixed());
+        let e = fetch(&p, "gcr.io").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BadResponse, "{}", e.chain());
+        assert!(e.chain().contains(what), "{what}: {}", e.chain());
+    }
+}
