@@ -160,4 +160,19 @@ mod tests {
             "the contents are never quoted: {err}"
         );
     }
+
+    #[test]
+    fn a_token_with_whitespace_or_a_control_character_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        for bad in [
+            "0123456789abcdef ghij",
+            "0123456789abcdef\u{7}",
+            "0123456789abcdef\tx",
+        ] {
+            std::fs::write(&path, bad).unwrap();
+            let err = read_token_file(&path).unwrap_err();
+            assert!(err.contains("whitespace"), "{bad:?}: {err}");
+        }
+    }
 }
