@@ -279,14 +279,7 @@ async fn api_errors_are_retried_with_backoff_then_succeed() {
 async fn update_conflicts_are_retried_on_the_latest_version() {
     let (srv, _dir) = server_with_static().await;
     let api = FakeApi::start().await;
-    api.put(
-        "ns",
-        json!({
-            "metadata": {"name": "creds", "labels": {"app.kubernetes.io/managed-by": "regbroker"}},
-            "type": "kubernetes.io/dockerconfigjson",
-            "data": {".dockerconfigjson": "e30="},
-        }),
-    );
+    api.put("ns", ours_empty("creds"));
     api.state.lock().unwrap().lose_next_update = true;
     let sync = SecretSync::start(srv.broker.clone(), config(&["ns/creds"]), api.client()).await;
 
@@ -306,6 +299,24 @@ async fn update_conflicts_are_retried_on_the_latest_version() {
         s["metadata"]["annotations"]["other-writer"], "was here",
         "the other writer's change is kept"
     );
+}
+
+/// The Secret's last outcome is the API server's 403, not a retry's "conflicts".
+fn assert_forbidden(sync: &SecretSync) {
+    assert!(
+        matches!(&sync.outcomes()[0].1, Some(Outcome::Failed(m)) if m.contains("Forbidden")),
+        "{:?}",
+        sync.outcomes()
+    );
+}
+
+/// A Secret regbroker made (its label), holding an empty docker config.
+fn ours_empty(name: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "regbroker"}},
+        "type": "kubernetes.io/dockerconfigjson",
+        "data": {".dockerconfigjson": "e30="},
+    })
 }
 
 #[tokio::test]
@@ -330,33 +341,18 @@ async fn a_create_that_loses_a_race_reads_again_and_another_refusal_is_an_error(
     api.fail_next_write(403, "Forbidden");
     let sync = SecretSync::start(srv.broker.clone(), config(&["ns/creds"]), api.client()).await;
     assert_eq!(api.take_log(), ["GET ns/creds", "POST ns/creds"]);
-    assert!(
-        matches!(&sync.outcomes()[0].1, Some(Outcome::Failed(m)) if m.contains("Forbidden")),
-        "{:?}",
-        sync.outcomes()
-    );
+    assert_forbidden(&sync);
 }
 
 #[tokio::test]
 async fn a_refused_update_is_an_error_at_once_not_a_retry() {
     let (srv, _dir) = server_with_static().await;
     let api = FakeApi::start().await;
-    api.put(
-        "ns",
-        json!({
-            "metadata": {"name": "creds", "labels": {"app.kubernetes.io/managed-by": "regbroker"}},
-            "type": "kubernetes.io/dockerconfigjson",
-            "data": {".dockerconfigjson": "e30="},
-        }),
-    );
+    api.put("ns", ours_empty("creds"));
     api.fail_next_write(403, "Forbidden");
     let sync = SecretSync::start(srv.broker.clone(), config(&["ns/creds"]), api.client()).await;
     assert_eq!(api.take_log(), ["GET ns/creds", "PUT ns/creds"]);
-    assert!(
-        matches!(&sync.outcomes()[0].1, Some(Outcome::Failed(m)) if m.contains("Forbidden")),
-        "{:?}",
-        sync.outcomes()
-    );
+    assert_forbidden(&sync);
 }
 
 #[tokio::test]

@@ -128,14 +128,8 @@ async fn a_credential_whose_refresh_fails_leaves_the_file_once_stale() {
 
 #[tokio::test]
 async fn a_named_registry_that_loses_its_source_leaves_the_file_at_once() {
-    let dir = tempfile::tempdir().unwrap();
+    let (srv, dir) = common::server_with_static().await;
     let statics = dir.path().join("static.json");
-    std::fs::write(
-        &statics,
-        docker_config(&[("static.example.com", "s-user", "s-pw")]),
-    )
-    .unwrap();
-    let srv = TestServer::builder().docker_config(&statics).start().await;
     let path = dir.path().join("config.json");
     // Named as well, so it stays wanted when its static entry goes.
     let config = Config {
