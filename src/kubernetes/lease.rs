@@ -15,7 +15,9 @@
 //! - every retry period (jittered by up to 1.2 retry periods while not leading) the Lease
 //!   is read, and created if absent;
 //! - the local instant at which the record (or its resourceVersion) was last seen to
-//!   *change* is noted; another
+//!   *change* is noted, taken once the call that returned it has come back (never the
+//!   instant the round started: a read may take up to half the renew deadline, and the
+//!   record it returns may have been written at any moment of that wait); another
 //!   holder's lease counts as held until that instant plus its `leaseDurationSeconds`.
 //!   The holder's own `renewTime` is never compared with the local clock: clocks differ;
 //! - the lease is taken or renewed with `replace` carrying the `resourceVersion` just read,
@@ -26,6 +28,22 @@
 //!   guarded write); each API call is bounded by half the renew deadline;
 //! - on shutdown, once the guarded work has stopped, the leader writes an empty holder with
 //!   `leaseDurationSeconds: 1`, so another replica takes over at its next retry.
+//!
+//! Why two replicas never write at once. Let leader A's last successful renewal be the
+//! write W, made in a round that started at A's local instant `s`. A writes only while
+//! `may_write`, that is before `s + renew deadline`, and cuts every guarded call there. A
+//! replica B that last saw the record change at W noted that at an instant `o` taken
+//! after its read returned, so after W was written, so after `s`: `o >= s` (W cannot be
+//! returned before it exists, and `s` precedes W). B counts A's lease as held until
+//! `o + lease duration`, and starts writing no earlier than that round's start. So B's
+//! first write comes at least `lease duration - renew deadline` after A's last one may
+//! have been sent; [`Config::validate`] keeps that margin at least [`MIN_MARGIN`], for the
+//! API server to apply a write sent just before the deadline and for the replicas'
+//! monotonic clocks to run at slightly different rates. A write that lands later still
+//! carries the Secret's resourceVersion, so it cannot overwrite B's blindly. (Before
+//! issue 30, `o` was the instant B's round *started*: a slow read that returned W counted
+//! it as up to a renew deadline older than it was, and B could take over while A still
+//! wrote.)
 //!
 //! The state machine runs over a [`LeaseStore`] trait and takes the local instant as an
 //! argument, so the timing rules are unit tested with a fake store and no sleeping; the
@@ -72,10 +90,15 @@ pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
 pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
 /// See [`DEFAULT_LEASE_DURATION`].
 pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
+/// The least lease duration less renew deadline that [`Config::validate`] accepts: the
+/// time between a cut-off leader's last possible write and another replica's first (see
+/// the module docs).
+pub const MIN_MARGIN: Duration = Duration::from_secs(1);
 
 impl Config {
     /// Checks client-go's ordering: lease duration > renew deadline > retry period ×
-    /// [`JITTER_FACTOR`], and a lease duration of whole seconds.
+    /// [`JITTER_FACTOR`], with the lease duration at least [`MIN_MARGIN`] longer than the
+    /// renew deadline, and a lease duration of whole seconds.
     pub fn validate(&self) -> Result<(), String> {
         let ld = self.lease_duration;
         let rd = self.renew_deadline;
@@ -88,9 +111,10 @@ impl Config {
                 "--leader-elect-lease-duration must be a whole number of seconds (the Lease stores seconds), not {ld:?}"
             ));
         }
-        if ld <= rd {
+        if ld < rd.saturating_add(MIN_MARGIN) {
             return Err(format!(
-                "--leader-elect-lease-duration ({ld:?}) must be longer than --leader-elect-renew-deadline ({rd:?})"
+                "--leader-elect-lease-duration ({ld:?}) must be at least {MIN_MARGIN:?} longer than --leader-elect-renew-deadline ({rd:?}): \
+                 a leader that cannot renew stops writing at its renew deadline, and another replica may write from the lease duration on"
             ));
         }
         if rd.as_secs_f64() <= rp.as_secs_f64() * JITTER_FACTOR {
@@ -405,6 +429,8 @@ pub struct Elector {
     observed: Option<Observed>,
     /// The local instant the observed record last changed.
     observed_at: Option<Instant>,
+    /// The local monotonic clock: tokio's `Instant::now` (explicit instants in tests).
+    instant: fn() -> Instant,
 }
 
 fn jittered(period: Duration) -> Duration {
@@ -424,7 +450,16 @@ impl Elector {
             metrics: None,
             observed: None,
             observed_at: None,
+            instant: Instant::now,
         }
+    }
+
+    /// Reads the local monotonic clock with `instant` instead of tokio's `Instant::now`:
+    /// for tests that date each observation explicitly.
+    #[cfg(test)]
+    fn with_instant(mut self, instant: fn() -> Instant) -> Elector {
+        self.instant = instant;
+        self
     }
 
     /// Reports leadership in `metrics` (`regbroker_leader`, `regbroker_leader_transitions_total`).
@@ -443,13 +478,17 @@ impl Elector {
         self.observed.as_ref()
     }
 
-    /// Notes `o`, and `now` as the instant of the last change if it differs from the
-    /// last seen. The resourceVersion counts too (client-go compares the record only): a
-    /// renewal by a holder whose clock stands still is still a sign of life, and seeing
-    /// more changes can only delay a takeover, never hasten it.
-    fn observe(&mut self, o: Observed, now: Instant) {
+    /// Notes `o`, just returned by a store call, and the local instant now as the instant
+    /// of the last change if it differs from the last seen. The instant is taken here,
+    /// after the call came back, never before it: `o` may have been written at any moment
+    /// while the call was under way, and dating the observation earlier would count the
+    /// holder's lease as older than it is (see the module docs). The resourceVersion
+    /// counts too (client-go compares the record only): a renewal by a holder whose clock
+    /// stands still is still a sign of life, and seeing more changes can only delay a
+    /// takeover, never hasten it.
+    fn observe(&mut self, o: Observed) {
         if self.observed.as_ref() != Some(&o) {
-            self.observed_at = Some(now);
+            self.observed_at = Some((self.instant)());
         }
         self.observed = Some(o);
     }
@@ -461,7 +500,8 @@ impl Elector {
     }
 
     /// One round of client-go's `tryAcquireOrRenew`, `now` being the local instant the
-    /// round starts.
+    /// round starts (what another holder's expiry is judged at, and what a new term or a
+    /// renewal counts from: both no later than any write the round makes).
     pub async fn try_acquire_or_renew(&mut self, now: Instant) -> Round {
         let wall = self.clock.now();
         let mut ours = Record {
@@ -481,7 +521,7 @@ impl Elector {
             let rv = o.resource_version.clone();
             match self.store.update(&ours, &rv).await {
                 Ok(o) => {
-                    self.observe(o, now);
+                    self.observe(o);
                     return Round::Held;
                 }
                 Err(e) => {
@@ -497,7 +537,7 @@ impl Elector {
                 ours.transitions = 0;
                 return match self.store.create(&ours).await {
                     Ok(o) => {
-                        self.observe(o, now);
+                        self.observe(o);
                         Round::Held
                     }
                     Err(e) => {
@@ -511,13 +551,18 @@ impl Elector {
                 return Round::Failed;
             }
         };
-        self.observe(current.clone(), now);
+        self.observe(current.clone());
         let record = &current.record;
         let other = !record.holder.is_empty() && record.holder != self.config.identity;
         if other {
             let seconds = u64::try_from(record.lease_duration_seconds).unwrap_or(0);
-            let expires = self.observed_at.map(|at| at + Duration::from_secs(seconds));
-            if expires.is_some_and(|e| now < e) {
+            // A duration past the monotonic clock's range (another writer's nonsense)
+            // never runs out, rather than overflowing.
+            let held = self.observed_at.is_some_and(|at| {
+                at.checked_add(Duration::from_secs(seconds))
+                    .is_none_or(|e| now < e)
+            });
+            if held {
                 return Round::HeldBy(record.holder.clone());
             }
         }
@@ -530,7 +575,7 @@ impl Elector {
         }
         match self.store.update(&ours, &current.resource_version).await {
             Ok(o) => {
-                self.observe(o, now);
+                self.observe(o);
                 Round::Held
             }
             Err(StoreError::Conflict) => Round::Failed,
@@ -745,6 +790,9 @@ mod tests {
         version: Mutex<u64>,
         failing: std::sync::atomic::AtomicBool,
         hanging: std::sync::atomic::AtomicBool,
+        /// The next read waits for this before it reads (a slow read: what it returns is
+        /// the Lease as it is when it is answered).
+        slow_read: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
     }
 
     impl FakeStore {
@@ -776,6 +824,10 @@ mod tests {
         fn get(&self) -> BoxFuture<'_, Result<Option<Observed>, StoreError>> {
             Box::pin(async move {
                 self.check().await?;
+                let slow = self.slow_read.lock().unwrap().take();
+                if let Some(answered) = slow {
+                    let _ = answered.await;
+                }
                 Ok(self.lease.lock().unwrap().clone())
             })
         }
@@ -848,16 +900,16 @@ mod tests {
             acquire_time: Some(clock.now() - secs(3600)),
             transitions: 4,
         });
-        let mut b = elector("b", &store, &clock);
+        let mut b = explicit(config("b"), &store, &clock);
         let t0 = Instant::now();
         assert_eq!(
-            b.try_acquire_or_renew(t0).await,
+            round_at(&mut b, t0).await,
             Round::HeldBy("a".into()),
             "first seen now: held for a lease duration from now"
         );
         // Unchanged record: still held just before t0 + 15 s, free at t0 + 15 s.
         assert_eq!(
-            b.try_acquire_or_renew(t0 + secs(14)).await,
+            round_at(&mut b, t0 + secs(14)).await,
             Round::HeldBy("a".into())
         );
         // A renewal (any change) restarts the local count, whatever its timestamps say.
@@ -865,18 +917,176 @@ mod tests {
         r.renew_time = Some(clock.now() + secs(7200));
         store.put(r);
         assert_eq!(
-            b.try_acquire_or_renew(t0 + secs(16)).await,
+            round_at(&mut b, t0 + secs(16)).await,
             Round::HeldBy("a".into())
         );
         assert_eq!(
-            b.try_acquire_or_renew(t0 + secs(30)).await,
+            round_at(&mut b, t0 + secs(30)).await,
             Round::HeldBy("a".into())
         );
-        assert_eq!(b.try_acquire_or_renew(t0 + secs(31)).await, Round::Held);
+        assert_eq!(round_at(&mut b, t0 + secs(31)).await, Round::Held);
         let r = store.record();
         assert_eq!(r.holder, "b");
         assert_eq!(r.transitions, 5, "a takeover bumps leaseTransitions");
         assert_eq!(r.acquire_time, Some(clock.now()), "and sets acquireTime");
+    }
+
+    thread_local! {
+        /// The local monotonic clock of the electors made with [`explicit`]: the tests
+        /// set it to the instant each store call is answered.
+        static NOW: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    }
+
+    fn explicit_now() -> Instant {
+        NOW.with(|n| n.get())
+            .expect("the test sets the instant first")
+    }
+
+    fn set_now(t: Instant) {
+        NOW.with(|n| n.set(Some(t)));
+    }
+
+    /// One round starting at `t`, every call of it answered at once (at `t`).
+    async fn round_at(e: &mut Elector, t: Instant) -> Round {
+        set_now(t);
+        e.try_acquire_or_renew(t).await
+    }
+
+    /// An elector on `config` whose every observation is dated by [`set_now`].
+    fn explicit(config: Config, store: &Arc<FakeStore>, clock: &ManualClock) -> Elector {
+        Elector::new(config, store.clone(), Arc::new(clock.clone())).with_instant(explicit_now)
+    }
+
+    /// Issue 30, finding 1. Leader `a` renews while follower `b`'s read is under way; the
+    /// read returns that renewal. `a` is then cut off. `b` must not take over (nor so
+    /// start writing) before `a`'s write deadline: it dates what it saw from when its read
+    /// returned, not from when its round started. Returns (a's write deadline, the first
+    /// instant, probed every 100 ms, at which b takes over).
+    async fn takeover_after_a_slow_read(
+        config: Config,
+        b_round: Duration,
+        a_renews: Duration,
+        answered: Duration,
+    ) -> (Instant, Instant) {
+        let store = Arc::new(FakeStore::default());
+        let clock = ManualClock::fixed();
+        let start = Instant::now();
+        let t0 = start + secs(20);
+        let mut a = explicit(
+            Config {
+                identity: "a".into(),
+                ..config.clone()
+            },
+            &store,
+            &clock,
+        );
+        let mut b = explicit(
+            Config {
+                identity: "b".into(),
+                ..config
+            },
+            &store,
+            &clock,
+        );
+        // a leads; b has followed it for a while.
+        set_now(start);
+        assert_eq!(round_at(&mut a, start).await, Round::Held);
+        a.start_leading(start);
+        assert_eq!(round_at(&mut b, start).await, Round::HeldBy("a".into()));
+        set_now(t0);
+        assert_eq!(round_at(&mut a, t0).await, Round::Held);
+        a.leadership.renewed(t0);
+        assert_eq!(round_at(&mut b, t0).await, Round::HeldBy("a".into()));
+
+        // b starts a round; its read is answered only after a's next renewal.
+        let (answer, slow) = tokio::sync::oneshot::channel();
+        *store.slow_read.lock().unwrap() = Some(slow);
+        let started = t0 + b_round;
+        set_now(started);
+        let round = tokio::spawn(async move {
+            let r = round_at(&mut b, started).await;
+            (b, r)
+        });
+        tokio::task::yield_now().await;
+        let renewal = t0 + a_renews;
+        set_now(renewal);
+        assert_eq!(round_at(&mut a, renewal).await, Round::Held);
+        a.leadership.renewed(renewal);
+        set_now(t0 + answered);
+        answer.send(()).unwrap();
+        let (mut b, r) = round.await.unwrap();
+        assert_eq!(r, Round::HeldBy("a".into()), "a had just renewed");
+
+        // a is cut off from here on: no more renewals. b tries every 100 ms.
+        let a_deadline = a.leadership().write_deadline().unwrap();
+        let mut t = t0 + answered;
+        loop {
+            t += Duration::from_millis(100);
+            set_now(t);
+            if round_at(&mut b, t).await == Round::Held {
+                return (a_deadline, t);
+            }
+            assert!(t < t0 + secs(120), "b never took over");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_renewal_seen_by_a_slow_read_counts_from_when_the_read_returned() {
+        // The issue's scenario with the defaults (15 s / 10 s / 2 s): b's round starts at
+        // T0, a renews at T0 + 9 s, b's read returns at T0 + 9.5 s. a may write until
+        // T0 + 19 s; b took over at T0 + 15 s before the fix.
+        let (a_deadline, b_takes_over) =
+            takeover_after_a_slow_read(config("x"), secs(0), secs(9), Duration::from_millis(9500))
+                .await;
+        assert!(
+            b_takes_over >= a_deadline,
+            "b took over {:?} before a's write deadline",
+            a_deadline - b_takes_over
+        );
+    }
+
+    #[tokio::test]
+    async fn one_slow_read_cannot_make_two_leaders_with_the_shortest_lease_allowed() {
+        // 11 s / 10 s: the smallest margin validation accepts. b's round starts at T0 + 1 s,
+        // a renews at T0 + 5 s, the read returns at T0 + 6 s (less than half the renew
+        // deadline, the call timeout). Before the fix b took over at T0 + 12 s, a wrote
+        // until T0 + 15 s.
+        let tight = Config {
+            lease_duration: secs(11),
+            ..config("x")
+        };
+        assert_eq!(tight.validate(), Ok(()));
+        let (a_deadline, b_takes_over) =
+            takeover_after_a_slow_read(tight, secs(1), secs(5), secs(6)).await;
+        assert!(
+            b_takes_over >= a_deadline + MIN_MARGIN,
+            "b took over {:?} after a's write deadline; the margin is {MIN_MARGIN:?}",
+            b_takes_over.checked_duration_since(a_deadline)
+        );
+        // And b takes over once the lease duration has passed since the read returned.
+        assert!(
+            b_takes_over <= a_deadline + secs(2),
+            "{:?}",
+            b_takes_over - a_deadline
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lease_duration_beyond_the_clock_never_expires_and_does_not_panic() {
+        let store = Arc::new(FakeStore::default());
+        let clock = ManualClock::fixed();
+        store.put(Record {
+            holder: "a".into(),
+            lease_duration_seconds: i32::MAX,
+            ..Record::default()
+        });
+        let mut b = elector("b", &store, &clock);
+        let t0 = Instant::now();
+        assert_eq!(b.try_acquire_or_renew(t0).await, Round::HeldBy("a".into()));
+        assert_eq!(
+            b.try_acquire_or_renew(t0 + secs(86_400)).await,
+            Round::HeldBy("a".into())
+        );
     }
 
     #[tokio::test]
@@ -900,8 +1110,8 @@ mod tests {
     async fn a_write_on_a_stale_version_loses_the_round() {
         let store = Arc::new(FakeStore::default());
         let clock = ManualClock::fixed();
-        let mut a = elector("a", &store, &clock);
-        let mut b = elector("b", &store, &clock);
+        let mut a = explicit(config("a"), &store, &clock);
+        let mut b = explicit(config("b"), &store, &clock);
         let t0 = Instant::now();
         // Both see the same expired lease of a third replica.
         store.put(Record {
@@ -909,10 +1119,10 @@ mod tests {
             lease_duration_seconds: 15,
             ..Record::default()
         });
-        assert_eq!(a.try_acquire_or_renew(t0).await, Round::HeldBy("c".into()));
-        assert_eq!(b.try_acquire_or_renew(t0).await, Round::HeldBy("c".into()));
+        assert_eq!(round_at(&mut a, t0).await, Round::HeldBy("c".into()));
+        assert_eq!(round_at(&mut b, t0).await, Round::HeldBy("c".into()));
         let stale = store.lease.lock().unwrap().clone().unwrap();
-        assert_eq!(a.try_acquire_or_renew(t0 + secs(15)).await, Round::Held);
+        assert_eq!(round_at(&mut a, t0 + secs(15)).await, Round::Held);
         // b's update carries the version it read before a's write: 409, b does not lead.
         let mut theirs = stale.record.clone();
         theirs.holder = "b".into();
@@ -921,7 +1131,7 @@ mod tests {
             Err(StoreError::Conflict)
         ));
         assert_eq!(
-            b.try_acquire_or_renew(t0 + secs(15)).await,
+            round_at(&mut b, t0 + secs(15)).await,
             Round::HeldBy("a".into())
         );
         assert_eq!(store.record().holder, "a");
@@ -1065,9 +1275,18 @@ mod tests {
             ..config("a")
         };
         assert_eq!(with(4.0, 3.0, 0.5).validate(), Ok(()));
+        assert_eq!(with(12.0, 10.0, 2.0).validate(), Ok(()));
+        assert_eq!(
+            with(11.0, 10.0, 2.0).validate(),
+            Ok(()),
+            "exactly the margin"
+        );
         for (ld, rd, rp) in [
             (10.0, 10.0, 2.0),
             (9.0, 10.0, 2.0),
+            // Less than MIN_MARGIN between the lease duration and the renew deadline.
+            (11.0, 10.5, 2.0),
+            (4.0, 3.001, 0.5),
             (15.0, 2.4, 2.0),
             (15.0, 10.0, 0.0),
             (15.5, 10.0, 2.0),
