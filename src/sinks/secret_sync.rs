@@ -268,15 +268,72 @@ const TOKEN_RENEW_AFTER: Duration = Duration::from_secs(40 * 60);
 
 /// (namespace, name, UID, audience) of a requested token.
 type TokenKey = (String, String, String, String);
-/// A requested token and when to request it anew.
-type CachedToken = (regbroker_provider::SecretString, tokio::time::Instant);
+
+/// A requested token: when to request it anew, when it expires, and whether a pass used
+/// it since the last [`TokenCache::sweep`].
+struct CachedToken {
+    token: regbroker_provider::SecretString,
+    renew_at: tokio::time::Instant,
+    expires_at: tokio::time::Instant,
+    used: bool,
+}
+
+/// The tokens kept, pruned after every pass: only what a configured Secret still uses
+/// (issue 30, finding 5: before, every (ServiceAccount, UID, audience) ever seen stayed
+/// in memory with its token, so a tenant rewriting its audience annotation each pass, or
+/// recreating its ServiceAccount, grew it without bound).
+#[derive(Default)]
+struct TokenCache(BTreeMap<TokenKey, CachedToken>);
+
+impl TokenCache {
+    /// The token kept for `key` while it is young enough, marked as used.
+    fn get(
+        &mut self,
+        key: &TokenKey,
+        now: tokio::time::Instant,
+    ) -> Option<regbroker_provider::SecretString> {
+        let cached = self.0.get_mut(key).filter(|c| now < c.renew_at)?;
+        cached.used = true;
+        Some(cached.token.clone())
+    }
+
+    /// Keeps `token`, just requested at `now`, for `key`, marked as used.
+    fn insert(
+        &mut self,
+        key: TokenKey,
+        token: regbroker_provider::SecretString,
+        now: tokio::time::Instant,
+    ) {
+        let cached = CachedToken {
+            token,
+            renew_at: now + TOKEN_RENEW_AFTER,
+            expires_at: now + TOKEN_LIFETIME,
+            used: true,
+        };
+        self.0.insert(key, cached);
+    }
+
+    /// Drops the tokens no lookup used since the last sweep (their Secret is gone, or
+    /// asks for another ServiceAccount, UID or audience now) and those expired by `now`.
+    fn sweep(&mut self, now: tokio::time::Instant) {
+        self.0.retain(|_, c| c.used && now < c.expires_at);
+        for c in self.0.values_mut() {
+            c.used = false;
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+}
 
 /// ServiceAccount tokens from TokenRequest, one per (ServiceAccount, UID, audience), kept
-/// in memory only and requested anew well before they expire: what the Secret sync uses
-/// for a `[[secret]]` with a `service_account` (public for its tests).
+/// in memory only, requested anew well before they expire, and dropped once no pass uses
+/// them: what the Secret sync uses for a `[[secret]]` with a `service_account` (public
+/// for its tests).
 pub struct Tokens {
     client: kube::Client,
-    cache: tokio::sync::Mutex<BTreeMap<TokenKey, CachedToken>>,
+    cache: tokio::sync::Mutex<TokenCache>,
     /// TokenRequest calls, at most [`TOKEN_REQUEST_RATE`]: a restart with thousands of
     /// tenants does not flood the API server.
     budget: regbroker_provider::Budget<()>,
@@ -299,7 +356,7 @@ impl Tokens {
     pub fn new(client: kube::Client) -> Tokens {
         Tokens {
             client,
-            cache: tokio::sync::Mutex::new(BTreeMap::new()),
+            cache: tokio::sync::Mutex::new(TokenCache::default()),
             budget: regbroker_provider::Budget::new(TOKEN_REQUEST_RATE),
         }
     }
@@ -357,10 +414,8 @@ impl Tokens {
         );
         let mut cache = self.cache.lock().await;
         let now = tokio::time::Instant::now();
-        if let Some((token, renew_at)) = cache.get(&key)
-            && now < *renew_at
-        {
-            return Ok(token.clone());
+        if let Some(token) = cache.get(&key, now) {
+            return Ok(token);
         }
         self.budget.acquire(&()).await;
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
@@ -390,8 +445,25 @@ impl Tokens {
                 ))
             })?;
         tracing::debug!(service_account = %format!("{namespace}/{name}"), audience, "Requested a ServiceAccount token");
-        cache.insert(key, (token.clone(), now + TOKEN_RENEW_AFTER));
+        cache.insert(key, token.clone(), now);
         Ok(token)
+    }
+
+    /// Forgets the tokens no [`Self::token`] call asked for since the last sweep, and the
+    /// expired ones. The Secret sync sweeps after each whole pass, in which every
+    /// configured Secret asks for the tokens it needs.
+    pub async fn sweep(&self) {
+        self.cache.lock().await.sweep(tokio::time::Instant::now());
+    }
+
+    /// How many tokens are kept.
+    pub async fn len(&self) -> usize {
+        self.cache.lock().await.len()
+    }
+
+    /// Whether no token is kept.
+    pub async fn is_empty(&self) -> bool {
+        self.len().await == 0
     }
 }
 
@@ -701,7 +773,15 @@ impl SecretSync {
             };
             target.last = Some(outcome);
         }
+        // Every Secret has asked for its tokens in this pass: the rest are no one's.
+        tokens.sweep().await;
         self.next = next.clamp(MIN_SLEEP, MAX_SLEEP);
+    }
+
+    /// How many ServiceAccount tokens this sync keeps (for tests: bounded by what the
+    /// configured Secrets use).
+    pub async fn kept_tokens(&self) -> usize {
+        self.tokens.len().await
     }
 
     /// What the last pass did, per Secret, in the configured order.
@@ -840,6 +920,70 @@ mod tests {
         // and no more than two requests per token lifetime (TokenRequest load).
         assert!(TOKEN_LIFETIME - TOKEN_RENEW_AFTER >= Duration::from_secs(600));
         assert!(TOKEN_RENEW_AFTER >= TOKEN_LIFETIME / 2);
+    }
+
+    fn token_key(uid: &str, audience: &str) -> TokenKey {
+        (
+            "team-a".into(),
+            "puller".into(),
+            uid.into(),
+            audience.into(),
+        )
+    }
+
+    fn token(s: &str) -> regbroker_provider::SecretString {
+        regbroker_provider::SecretString::from(s.to_string())
+    }
+
+    #[test]
+    fn tokens_no_pass_asks_for_are_forgotten_after_it() {
+        use regbroker_provider::ExposeSecret;
+        let mut cache = TokenCache::default();
+        let t0 = tokio::time::Instant::now();
+        // A tenant rewrites its audience annotation before every pass, and recreates its
+        // ServiceAccount (a new UID) now and then: one token a pass, never more kept.
+        for pass in 0..50u32 {
+            let now = t0 + Duration::from_secs(u64::from(pass) * 60);
+            let key = token_key(&format!("uid-{}", pass / 10), &format!("aud-{pass}"));
+            assert!(cache.get(&key, now).is_none());
+            cache.insert(key.clone(), token(&format!("t-{pass}")), now);
+            assert_eq!(
+                cache.get(&key, now).unwrap().expose_secret(),
+                format!("t-{pass}")
+            );
+            cache.sweep(now);
+            assert_eq!(cache.len(), 1, "pass {pass}");
+        }
+        // A token used in every pass is kept across them, and reused while young.
+        let mut cache = TokenCache::default();
+        let steady = token_key("uid-1", "sts.amazonaws.com");
+        cache.insert(steady.clone(), token("steady"), t0);
+        for minute in 1..30u64 {
+            let now = t0 + Duration::from_secs(minute * 60);
+            assert_eq!(cache.get(&steady, now).unwrap().expose_secret(), "steady");
+            cache.sweep(now);
+        }
+        assert_eq!(cache.len(), 1);
+        // A pass that does not ask for it (its Secret was removed) forgets it.
+        cache.sweep(t0 + Duration::from_secs(1800));
+        assert_eq!(cache.len(), 0);
+    }
+
+    #[test]
+    fn an_expired_token_is_forgotten_even_if_used() {
+        let mut cache = TokenCache::default();
+        let t0 = tokio::time::Instant::now();
+        let key = token_key("uid-1", "sts.amazonaws.com");
+        cache.insert(key.clone(), token("t"), t0);
+        // Past its renewal point a lookup misses (the caller requests a new one); a sweep
+        // just before expiry keeps it once more, one at expiry drops it.
+        assert!(cache.get(&key, t0 + TOKEN_RENEW_AFTER).is_none());
+        cache.0.get_mut(&key).unwrap().used = true;
+        cache.sweep(t0 + TOKEN_LIFETIME - Duration::from_secs(1));
+        assert_eq!(cache.len(), 1);
+        cache.0.get_mut(&key).unwrap().used = true;
+        cache.sweep(t0 + TOKEN_LIFETIME);
+        assert_eq!(cache.len(), 0);
     }
 
     #[test]
