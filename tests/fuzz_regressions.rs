@@ -59,7 +59,8 @@ fn never(_: &[u8]) -> bool {
 
 fn cloud_host(text: &str) -> bool {
     Registry::parse(text.trim_end_matches(['\r', '\n'])).is_ok_and(|r| {
-        Providers::builtin()
+        Providers::from_env()
+            .unwrap()
             .iter()
             .any(|p| p.recognise(&r).is_some())
     })

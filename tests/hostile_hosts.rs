@@ -3,7 +3,7 @@
 //! recognises by its own strict patterns and no rule routes explicitly.
 //!
 //! Every case goes through the real broker with the real providers
-//! (`Providers::builtin()`, configured from an empty environment: no identity is needed
+//! (`Providers::from_env()`, configured from an empty environment: no identity is needed
 //! because nothing here is fetched from a cloud) and through each provider's
 //! `recognise()` directly. A hostile name must either be rejected by `Registry::parse`
 //! or be decided `NotConfigured`, and `Broker::credential` must then answer "not
@@ -22,7 +22,7 @@ use regbroker_provider::{ExposeSecret, Registry, system_clock};
 /// Builds a broker with the real providers, `rules` (TOML) and a docker config.
 fn broker(rules: &str, docker_config: Option<&str>) -> (Broker, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let providers = Providers::builtin();
+    let providers = Providers::from_env().unwrap();
     let config = regbroker::broker::config::parse(rules, &providers).expect("test config");
     let metrics = Arc::new(Metrics::new());
     let statics = match docker_config {
@@ -46,7 +46,8 @@ fn broker(rules: &str, docker_config: Option<&str>) -> (Broker, tempfile::TempDi
 
 /// Which providers recognise `registry` by their own patterns.
 fn recognisers(registry: &Registry) -> Vec<&'static str> {
-    Providers::builtin()
+    Providers::from_env()
+        .unwrap()
         .iter()
         .filter(|p| p.recognise(registry).is_some())
         .map(|p| p.name())

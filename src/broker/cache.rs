@@ -99,9 +99,31 @@ impl Default for Config {
     }
 }
 
+/// The longest duration any `[cache]` setting accepts. Every one is added to a clock
+/// reading or multiplied somewhere: bounded here, none of that can overflow (a
+/// `fallback_ttl` of 300 billion years once aborted the process at its first fetch).
+pub const MAX_SETTING: Duration = Duration::from_secs(31_557_600); // humantime's year, 365.25 days
+
 impl Config {
     /// Checks the settings, naming the first bad key.
     pub fn validate(&self) -> Result<(), String> {
+        for (key, d) in [
+            ("min_refresh", self.min_refresh),
+            ("max_refresh", self.max_refresh),
+            ("min_remaining", self.min_remaining),
+            ("fallback_ttl", self.fallback_ttl),
+            ("fetch_timeout", self.fetch_timeout),
+            ("failure_backoff", self.failure_backoff),
+            ("max_failure_backoff", self.max_failure_backoff),
+        ] {
+            if d > MAX_SETTING {
+                return Err(format!(
+                    "cache.{key} must be at most {} (it is {})",
+                    humantime::format_duration(MAX_SETTING),
+                    humantime::format_duration(d)
+                ));
+            }
+        }
         if !(self.refresh_fraction > 0.0 && self.refresh_fraction <= 1.0) {
             return Err("cache.refresh_fraction must be greater than 0 and at most 1".into());
         }

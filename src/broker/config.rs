@@ -251,7 +251,7 @@ mod tests {
     use crate::broker::providers::Providers;
 
     fn parse_err(text: &str) -> String {
-        parse(text, &Providers::builtin()).unwrap_err()
+        parse(text, &Providers::from_env().unwrap()).unwrap_err()
     }
 
     #[test]
@@ -269,7 +269,7 @@ source = "static"
 match = "*.internal.example.com"
 source = "none"
 "#;
-        let c = parse(text, &Providers::builtin()).unwrap();
+        let c = parse(text, &Providers::from_env().unwrap()).unwrap();
         assert_eq!(c.cache.refresh_fraction, 0.5);
         assert_eq!(c.cache.min_refresh, std::time::Duration::from_secs(60));
         assert_eq!(c.router.rules().len(), 2);
@@ -278,7 +278,7 @@ source = "none"
 
     #[test]
     fn empty_file_is_valid() {
-        let c = parse("", &Providers::builtin()).unwrap();
+        let c = parse("", &Providers::from_env().unwrap()).unwrap();
         assert!(c.router.rules().is_empty());
         assert_eq!(c.cache, cache::Config::default());
     }
@@ -312,6 +312,26 @@ source = "none"
         assert!(e.contains("min_refresh") || e.contains("line 2"), "{e}");
         let e = parse_err("[cache]\nrefresh_fraction = 0.0\n");
         assert!(e.contains("refresh_fraction"), "{e}");
+        // Issue 30, finding 4: durations that overflow a clock reading (a fallback_ttl of
+        // 300 billion years aborted the process at its first fetch) are refused, each
+        // naming its key; a year is the most any takes.
+        for key in [
+            "min_refresh",
+            "max_refresh",
+            "min_remaining",
+            "fallback_ttl",
+            "fetch_timeout",
+            "failure_backoff",
+            "max_failure_backoff",
+        ] {
+            let e = parse_err(&format!("[cache]\n{key} = \"300000000000y\"\n"));
+            assert!(
+                e.contains(&format!("cache.{key} must be at most 1year")),
+                "{key}: {e}"
+            );
+            let e = parse_err(&format!("[cache]\n{key} = \"366days\"\n"));
+            assert!(e.contains(&format!("cache.{key}")), "{key}: {e}");
+        }
         let e = parse_err(
             "[[rule]]\nmatch = \"a.example.com\"\nsource = \"static\"\noptions = { region = \"x\" }\n",
         );
@@ -350,7 +370,7 @@ source = "none"
         // Fine for non-cloud sources.
         parse(
             "[[rule]]\nmatch = \"*.com\"\nsource = \"none\"\n",
-            &Providers::builtin(),
+            &Providers::from_env().unwrap(),
         )
         .unwrap();
     }
@@ -360,7 +380,7 @@ source = "none"
         let c = parse(
             "[[secret]]\nnamespace = \"team-a\"\nname = \"pull\"\nregistries = [\"a.example.com\", \"https://b.example.com/v2/\"]\nservice_account = \"puller\"\n\n\
              [[secret]]\nnamespace = \"team-b\"\nname = \"pull\"\nregistries = [\"a.example.com\"]\nservice_account = \"team-b/puller\"\n",
-            &Providers::builtin(),
+            &Providers::from_env().unwrap(),
         )
         .unwrap();
         assert_eq!(c.secrets.len(), 2);
@@ -415,11 +435,16 @@ source = "none"
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("regbroker.toml");
         std::fs::write(&p, "[[rule]]\nmatch = 5\n").unwrap();
-        let e = load(&p, &Providers::builtin()).unwrap_err().to_string();
-        assert!(e.starts_with(&p.display().to_string()), "{e}");
-        let e = load(&dir.path().join("missing.toml"), &Providers::builtin())
+        let e = load(&p, &Providers::from_env().unwrap())
             .unwrap_err()
             .to_string();
+        assert!(e.starts_with(&p.display().to_string()), "{e}");
+        let e = load(
+            &dir.path().join("missing.toml"),
+            &Providers::from_env().unwrap(),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.contains("missing.toml") && e.contains("cannot read"),
             "{e}"

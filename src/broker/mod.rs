@@ -370,7 +370,7 @@ pub struct Built {
 /// Builds the in-process broker shared by every mode. Errors are configuration errors,
 /// naming the file.
 pub fn build(config: Option<&PathBuf>, docker_config: &[PathBuf]) -> Result<Built, String> {
-    let providers = Providers::builtin();
+    let providers = Providers::from_env()?;
     let config = match config {
         Some(path) => config::load(path, &providers).map_err(|e| e.to_string())?,
         None => config::Config::default(),

@@ -15,17 +15,18 @@ pub struct Providers {
 
 impl Providers {
     /// The providers compiled in, configured from the environment. Does no I/O: each
-    /// provider reads its identity on first use.
-    pub fn builtin() -> Providers {
+    /// provider reads its identity on first use. Fails on a provider setting that is not
+    /// valid (a configuration error naming the variable).
+    pub fn from_env() -> Result<Providers, String> {
         let list: Vec<Arc<dyn Provider>> = vec![
             #[cfg(feature = "aws")]
-            Arc::new(regbroker_aws::AwsProvider::from_env()),
+            Arc::new(regbroker_aws::AwsProvider::from_env()?),
             #[cfg(feature = "azure")]
             Arc::new(regbroker_azure::AzureProvider::from_env()),
             #[cfg(feature = "gcp")]
             Arc::new(regbroker_gcp::GcpProvider::from_env()),
         ];
-        Providers { list }
+        Ok(Providers { list })
     }
 
     /// Exactly these providers (tests, embedding).

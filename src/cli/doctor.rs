@@ -38,12 +38,27 @@ pub(super) struct DoctorArgs {
     #[arg(long = "provider", value_name = "NAME", value_delimiter = ',')]
     providers: Vec<String>,
 
-    /// Bound on each network check (e.g. 5s, 500ms).
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    /// Bound on each network check (e.g. 5s, 500ms; at most 1h).
+    #[arg(long, default_value = "5s", value_parser = parse_timeout)]
     timeout: Duration,
 
     #[command(flatten)]
     sources: Sources,
+}
+
+/// The longest `--timeout`: each check's bound is multiplied and added to clock readings
+/// (by the checks and their HTTP clients), which a duration of centuries overflows.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d > MAX_TIMEOUT {
+        return Err(format!(
+            "at most {} (a bound on each network check)",
+            humantime::format_duration(MAX_TIMEOUT)
+        ));
+    }
+    Ok(d)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

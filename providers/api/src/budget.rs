@@ -30,12 +30,21 @@ pub struct Rate {
     pub burst: u32,
 }
 
+/// The slowest rate accepted: one call per 1,000 seconds.
+pub const MIN_PER_SECOND: f64 = 0.001;
+/// The fastest rate accepted: a million calls per second (no cloud allows more).
+pub const MAX_PER_SECOND: f64 = 1_000_000.0;
+/// The largest burst accepted.
+pub const MAX_BURST: u32 = 1_000_000;
+
 impl Rate {
-    /// `per_second` sustained, `burst` at once; `None` when either is not positive or
-    /// not finite.
+    /// `per_second` sustained (from [`MIN_PER_SECOND`] to [`MAX_PER_SECOND`]), `burst`
+    /// at once (1 to [`MAX_BURST`]); `None` for anything else (zero, negative, NaN,
+    /// infinite, or so small that one interval would not fit a `Duration`).
     pub fn new(per_second: f64, burst: u32) -> Option<Rate> {
-        (per_second.is_finite() && per_second > 0.0 && burst >= 1)
-            .then_some(Rate { per_second, burst })
+        ((MIN_PER_SECOND..=MAX_PER_SECOND).contains(&per_second)
+            && (1..=MAX_BURST).contains(&burst))
+        .then_some(Rate { per_second, burst })
     }
 
     /// Parses `RATE` or `RATE/BURST` (`20/200`), for a setting named `what`.
@@ -53,12 +62,27 @@ impl Rate {
                 .parse()
                 .map_err(|_| format!("{what}: burst `{b}` is not a whole number"))?,
         };
-        Rate::new(per_second, burst)
-            .ok_or_else(|| format!("{what}: the rate and the burst must be above zero"))
+        Rate::new(per_second, burst).ok_or_else(|| {
+            format!(
+                "{what}: `{s}` is out of range: the rate must be from {MIN_PER_SECOND} to {MAX_PER_SECOND} calls per second and the burst from 1 to {MAX_BURST}"
+            )
+        })
     }
 
+    /// The time between two calls. The fields are public, so a `Rate` built by hand may
+    /// hold anything: it is read within [`Rate::new`]'s range, never panicking (a NaN
+    /// reads as the slowest rate).
     fn interval(&self) -> Duration {
-        Duration::from_secs_f64(1.0 / self.per_second)
+        let per_second = if self.per_second >= MIN_PER_SECOND {
+            self.per_second.min(MAX_PER_SECOND)
+        } else {
+            MIN_PER_SECOND
+        };
+        Duration::from_secs_f64(1.0 / per_second)
+    }
+
+    fn burst(&self) -> u32 {
+        self.burst.clamp(1, MAX_BURST)
     }
 }
 
@@ -109,8 +133,8 @@ impl<K: Eq + Hash + Clone> Budget<K> {
     fn reserve(&self, key: &K) -> Instant {
         let now = Instant::now();
         let interval = self.rate.interval();
-        let span =
-            interval.saturating_mul(self.rate.burst.saturating_sub(1 + margin(self.rate.burst)));
+        let burst = self.rate.burst();
+        let span = interval.saturating_mul(burst.saturating_sub(1 + margin(burst)));
         let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
         if next.len() >= MAX_KEYS && !next.contains_key(key) {
             // A key whose arrival time is past has a full bucket: forgetting it changes
@@ -204,9 +228,72 @@ mod tests {
             Rate::new(20.0, 200).unwrap()
         );
         assert_eq!(Rate::parse("0.5", "x").unwrap().burst, 1);
-        for bad in ["", "fast", "0/1", "1/0", "-1/5", "1/x", "inf"] {
+        for bad in [
+            "",
+            "fast",
+            "0/1",
+            "1/0",
+            "-1/5",
+            "1/x",
+            "inf",
+            "NaN",
+            "0/0",
+            "1e-300",
+            "1e-300/5",
+            "0.0009",
+            "1000001",
+            "5/1000001",
+            "1e300",
+        ] {
             let e = Rate::parse(bad, "REGBROKER_X").unwrap_err();
             assert!(e.starts_with("REGBROKER_X"), "{bad}: {e}");
         }
+        // The ends of the range are accepted.
+        assert_eq!(
+            Rate::parse("0.001", "x").unwrap().per_second,
+            MIN_PER_SECOND
+        );
+        assert_eq!(
+            Rate::parse("1000000/1000000", "x").unwrap(),
+            Rate::new(MAX_PER_SECOND, MAX_BURST).unwrap()
+        );
+        let e = Rate::parse("1e-300", "REGBROKER_AWS_ECR_RATE").unwrap_err();
+        assert!(e.contains("from 0.001 to 1000000 calls per second"), "{e}");
+    }
+
+    /// Issue 30, finding 4: a rate that passed validation panicked converting `1 / rate`
+    /// to a `Duration` at the first call. A `Rate` built by hand, bypassing `Rate::new`,
+    /// must not either.
+    #[tokio::test(start_paused = true)]
+    async fn a_rate_built_by_hand_out_of_range_never_panics() {
+        for per_second in [
+            1e-300,
+            0.0,
+            -1.0,
+            f64::NAN,
+            f64::INFINITY,
+            f64::MIN_POSITIVE,
+        ] {
+            for burst in [0, 1, u32::MAX] {
+                let b: Budget<u8> = Budget::new(Rate { per_second, burst });
+                for _ in 0..3 {
+                    // Reserving is what computed the interval; acquiring would sleep up to
+                    // 1,000 s of paused time for the slowest rate, which is fine too.
+                    b.reserve(&0);
+                }
+            }
+        }
+        let b: Budget<u8> = Budget::new(Rate {
+            per_second: 1e-300,
+            burst: 1,
+        });
+        let t0 = Instant::now();
+        b.acquire(&0).await;
+        b.acquire(&0).await;
+        let waited = Instant::now() - t0;
+        assert!(
+            waited.abs_diff(Duration::from_secs(1000)) < Duration::from_millis(1),
+            "read as the slowest rate: {waited:?}"
+        );
     }
 }

@@ -71,15 +71,15 @@ pub const DEFAULT_STS_RATE: Rate = Rate {
     burst: 100,
 };
 
-/// The rate `var` sets, or `default` (with a warning naming the variable when its value
-/// is not a rate).
-pub(crate) fn rate_from_env(var: &str, default: Rate) -> Rate {
-    match std::env::var(var).ok().filter(|v| !v.trim().is_empty()) {
-        None => default,
-        Some(v) => Rate::parse(&v, var).unwrap_or_else(|e| {
-            tracing::warn!(error = %e, ?default, "Ignoring an invalid rate; using the default");
-            default
-        }),
+/// The rate `var` sets, `None` when it is unset or empty, or an error naming the
+/// variable when its value is not a rate within range (a configuration error: a rate is
+/// never silently replaced by the default).
+pub(crate) fn rate_from_env(var: &str) -> Result<Option<Rate>, String> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{var} is not valid UTF-8")),
+        Ok(v) if v.trim().is_empty() => Ok(None),
+        Ok(v) => Rate::parse(&v, var).map(Some),
     }
 }
 
@@ -134,15 +134,27 @@ impl Builder {
         self
     }
 
+    /// Takes the budgets `REGBROKER_AWS_ECR_RATE` and `REGBROKER_AWS_STS_RATE` set, for
+    /// those not set explicitly; an invalid value is an error naming the variable.
+    pub fn rates_from_env(mut self) -> Result<Builder, String> {
+        if self.ecr_rate.is_none() {
+            self.ecr_rate = rate_from_env(ECR_RATE_ENV)?;
+        }
+        if self.sts_rate.is_none() {
+            self.sts_rate = rate_from_env(STS_RATE_ENV)?;
+        }
+        Ok(self)
+    }
+
     /// The budget of ECR `GetAuthorizationToken` calls per caller account and region
-    /// (default: `REGBROKER_AWS_ECR_RATE`, else [`DEFAULT_ECR_RATE`]).
+    /// (default: [`DEFAULT_ECR_RATE`]; see [`Builder::rates_from_env`]).
     pub fn ecr_rate(mut self, rate: Rate) -> Builder {
         self.ecr_rate = Some(rate);
         self
     }
 
     /// The budget of STS `AssumeRoleWithWebIdentity` calls per region (default:
-    /// `REGBROKER_AWS_STS_RATE`, else [`DEFAULT_STS_RATE`]).
+    /// [`DEFAULT_STS_RATE`]; see [`Builder::rates_from_env`]).
     pub fn sts_rate(mut self, rate: Rate) -> Builder {
         self.sts_rate = Some(rate);
         self

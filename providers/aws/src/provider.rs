@@ -80,8 +80,10 @@ impl fmt::Debug for AwsProvider {
 impl AwsProvider {
     /// The provider as deployed: identity, region and endpoints from the environment
     /// (aws-config's default chain), read on first use. Does no I/O.
-    pub fn from_env() -> AwsProvider {
-        Builder::default().build()
+    /// Fails only on an invalid `REGBROKER_AWS_ECR_RATE` or `REGBROKER_AWS_STS_RATE`,
+    /// naming it (a configuration error).
+    pub fn from_env() -> Result<AwsProvider, String> {
+        Ok(Builder::default().rates_from_env()?.build())
     }
 
     /// Explicit settings, for tests and embedding.
@@ -91,15 +93,9 @@ impl AwsProvider {
 
     /// The provider with these settings, nothing loaded yet (see [`Builder::build`]).
     pub(crate) fn new(settings: Builder) -> AwsProvider {
-        use crate::builder::{
-            DEFAULT_ECR_RATE, DEFAULT_STS_RATE, ECR_RATE_ENV, STS_RATE_ENV, rate_from_env,
-        };
-        let settings_ecr_rate = settings
-            .ecr_rate
-            .unwrap_or_else(|| rate_from_env(ECR_RATE_ENV, DEFAULT_ECR_RATE));
-        let settings_sts_rate = settings
-            .sts_rate
-            .unwrap_or_else(|| rate_from_env(STS_RATE_ENV, DEFAULT_STS_RATE));
+        use crate::builder::{DEFAULT_ECR_RATE, DEFAULT_STS_RATE};
+        let settings_ecr_rate = settings.ecr_rate.unwrap_or(DEFAULT_ECR_RATE);
+        let settings_sts_rate = settings.sts_rate.unwrap_or(DEFAULT_STS_RATE);
         AwsProvider {
             settings,
             sdk: OnceCell::new(),
@@ -332,14 +328,14 @@ mod tests {
 
     #[test]
     fn from_env_is_lazy() {
-        let p = AwsProvider::from_env();
+        let p = AwsProvider::from_env().unwrap();
         assert!(!p.sdk.initialized());
         assert_eq!(p.name(), "aws");
     }
 
     #[test]
     fn recognised_targets_carry_region_account_and_scope() {
-        let p = AwsProvider::from_env();
+        let p = AwsProvider::from_env().unwrap();
         let t = p
             .recognise(&reg("123456789012.dkr.ecr.eu-west-1.amazonaws.com"))
             .unwrap();
@@ -375,7 +371,7 @@ mod tests {
 
     #[test]
     fn custom_domain_needs_region_and_account() {
-        let p = AwsProvider::from_env();
+        let p = AwsProvider::from_env().unwrap();
         let proxy = reg("registry.internal.example:5000");
         assert!(p.recognise(&proxy).is_none());
         for missing in [
@@ -403,7 +399,7 @@ mod tests {
 
     #[test]
     fn role_arn_is_part_of_the_scope() {
-        let p = AwsProvider::from_env();
+        let p = AwsProvider::from_env().unwrap();
         let ecr = reg("123456789012.dkr.ecr.us-east-1.amazonaws.com");
         let role = "arn:aws:iam::123456789012:role/puller";
         let t = p.target(&ecr, &opts(&[("role_arn", role)])).unwrap();
@@ -442,7 +438,7 @@ mod tests {
     #[test]
     fn a_workload_target_names_its_service_account_role_and_web_identity() {
         use regbroker_provider::test_util::service_account_jwt;
-        let p = AwsProvider::from_env();
+        let p = AwsProvider::from_env().unwrap();
         let ecr = reg("555555555555.dkr.ecr.eu-west-1.amazonaws.com");
         let role = "arn:aws:iam::111111111111:role/team-a";
         let w = WorkloadIdentity::from_token(
@@ -483,7 +479,7 @@ mod tests {
 
     #[test]
     fn options_contradicting_an_ecr_host_are_rejected() {
-        let p = AwsProvider::from_env();
+        let p = AwsProvider::from_env().unwrap();
         let ecr = reg("123456789012.dkr.ecr.us-east-1.amazonaws.com");
         assert!(p.target(&ecr, &opts(&[("region", "us-east-1")])).is_ok());
         let e = p

@@ -28,7 +28,7 @@ async fn e2e_real_cloud_ecr_credential_is_fetched_on_eks() {
     let host = std::env::var("REGBROKER_E2E_ECR_REGISTRY")
         .expect("REGBROKER_E2E_ECR_REGISTRY=<account>.dkr.ecr.<region>.amazonaws.com is required");
     let registry = Registry::parse(&host).unwrap();
-    let provider = AwsProvider::from_env();
+    let provider = AwsProvider::from_env().expect("the rates in the environment are valid");
     let target = provider
         .recognise(&registry)
         .unwrap_or_else(|| panic!("{host} is not an ECR host"));

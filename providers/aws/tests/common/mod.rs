@@ -165,7 +165,7 @@ pub async fn child_main() {
             (k.to_string(), v.to_string())
         })
         .collect();
-    let provider = AwsProvider::from_env();
+    let provider = AwsProvider::from_env().expect("the rates in the environment are valid");
     let target = if options.is_empty() {
         provider
             .recognise(&registry)
