@@ -2,8 +2,8 @@
 //! never reads its answers fills the server's send buffer; before the write timeout,
 //! hyper then waited on that write for ever, never read the next request head (so its
 //! header read timeout never started) and the connection kept its slot of
-//! `max_connections` for good. These tests use raw sockets on 127.0.0.1 and bound every
-//! wait, so a regression fails instead of hanging.
+//! `max_connections` for good. These tests use raw sockets (under rustls for TLS) on
+//! 127.0.0.1 and bound every wait, so a regression fails instead of hanging.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -226,4 +226,100 @@ async fn a_slow_reader_that_keeps_reading_is_not_cut_off() {
         took >= write_timeout * 3,
         "read in {took:?}: not slow enough to prove anything"
     );
+}
+
+/// A self-signed certificate for 127.0.0.1: (server acceptor, client connector).
+fn tls_pair() -> (tokio_rustls::TlsAcceptor, tokio_rustls::TlsConnector) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()]).unwrap();
+    let cert = CertificateDer::from(made.cert.der().to_vec());
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(made.signing_key.serialize_der()));
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.clone()], key)
+        .unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    (
+        tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(server)),
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(client)),
+    )
+}
+
+/// The stream is watched below TLS, so a TLS client that never reads is given up on too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_clients_that_never_read_are_closed_and_free_their_slots() {
+    let max = 2;
+    let write_timeout = Duration::from_secs(1);
+    let (acceptor, connector) = tls_pair();
+    let app = Router::new()
+        .route("/big", get(|| async { vec![b'x'; BIG] }))
+        .route("/small", get(|| async { "ok" }));
+    let bound = Bound::bind(&Listen::Tcp("127.0.0.1:0".parse().unwrap()))
+        .await
+        .unwrap();
+    let addr: SocketAddr = bound.local().parse().unwrap();
+    let limits = ConnLimits {
+        max_connections: max,
+        write_timeout,
+        ..ConnLimits::default()
+    };
+    tokio::spawn(bound.serve_tls(app, std::future::pending(), limits, Some(acceptor)));
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+
+    let mut stalled = Vec::new();
+    for _ in 0..max {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(1024).unwrap();
+        let tcp = socket.connect(addr).await.unwrap();
+        let mut tls = timeout(Duration::from_secs(5), connector.connect(name.clone(), tcp))
+            .await
+            .expect("handshake timed out")
+            .unwrap();
+        let requests = "GET /big HTTP/1.1\r\nHost: t\r\n\r\n".repeat(PIPELINED);
+        timeout(Duration::from_secs(5), async {
+            tls.write_all(requests.as_bytes()).await?;
+            tls.flush().await
+        })
+        .await
+        .expect("sending the requests timed out")
+        .unwrap();
+        stalled.push(tls);
+    }
+
+    let started = Instant::now();
+    let ask = async {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let mut tls = connector.connect(name.clone(), tcp).await.unwrap();
+        tls.write_all(b"GET /small HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        // A TLS peer that closes without close_notify is an error; the answer is in.
+        let _ = tls.read_to_end(&mut answer).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    let answer = timeout(Duration::from_secs(15), ask)
+        .await
+        .expect("no answer within 15 s: the stalled TLS clients kept every slot");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let waited = started.elapsed();
+    assert!(
+        waited >= write_timeout / 2,
+        "answered after {waited:?}: the stalled clients did not hold the slots"
+    );
+    for (i, s) in stalled.iter().enumerate() {
+        assert!(
+            reset_within(s.get_ref().0, Duration::from_secs(10)).await,
+            "stalled TLS client {i} was not reset within 10 s"
+        );
+    }
 }
