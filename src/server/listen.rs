@@ -1,6 +1,15 @@
 //! Listeners: a TCP address or a unix socket, bound and served with hyper, with the
 //! connection limits of [`super::limits::ConnLimits`] and a graceful shutdown that lets
 //! in-flight requests finish.
+//!
+//! A connection holds one of `max_connections` slots until it ends, so none may stay
+//! without progress for ever: its request head must arrive within `header_read_timeout`
+//! (hyper's timer also runs while a keep-alive connection idles between requests, so an
+//! idle connection is closed after it), and an answer that waits unwritten, without a
+//! byte of progress, for `write_timeout` (a client that does not read) gets the
+//! connection closed with a reset (`write_stall.rs`), in plain and TLS alike. A
+//! request waiting on an upstream fetch does no I/O and is bounded by the request
+//! timeout instead.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,6 +19,7 @@ use axum::Router;
 use tokio::sync::Semaphore;
 
 use super::limits::ConnLimits;
+use super::write_stall::{AbortOnClose, Stall, Watched};
 
 /// Where to listen.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -163,7 +173,7 @@ async fn accept_loop<L>(
 ) -> std::io::Result<()>
 where
     L: axum::serve::Listener,
-    L::Io: Send + 'static,
+    L::Io: AbortOnClose + Send + 'static,
 {
     let mut listener = listener;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -174,6 +184,7 @@ where
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.max_header_bytes.max(8192));
     let service = hyper_util::service::TowerToHyperService::new(app);
+    let write_timeout = limits.write_timeout;
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -187,13 +198,15 @@ where
             conn = listener.accept() => conn,
             _ = &mut shutdown => break,
         };
+        // The raw stream is watched, below TLS, so every write (handshake and records
+        // included) counts.
+        let stall = Stall::new();
+        let io = Watched::new(io, stall.clone());
         let Some(tls) = &tls else {
             let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service.clone());
             let conn = graceful.watch(conn);
             tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "Connection ended with an error");
-                }
+                serve_until_stalled(conn, &stall, write_timeout).await;
                 drop(permit);
             });
             continue;
@@ -208,9 +221,7 @@ where
                 Ok(Ok(stream)) => {
                     let conn =
                         builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                    if let Err(e) = watcher.watch(conn).await {
-                        tracing::debug!(error = %e, "Connection ended with an error");
-                    }
+                    serve_until_stalled(watcher.watch(conn), &stall, write_timeout).await;
                 }
                 // No secret in a handshake error: it says what the client got wrong.
                 Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
@@ -222,6 +233,24 @@ where
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// Runs one connection until it ends, or until an answer has waited unwritten for
+/// `write_timeout`; the connection is then dropped, which closes its socket with a reset.
+async fn serve_until_stalled<E: std::fmt::Display>(
+    conn: impl std::future::Future<Output = Result<(), E>>,
+    stall: &Stall,
+    write_timeout: std::time::Duration,
+) {
+    tokio::select! {
+        ended = conn => if let Err(e) = ended {
+            tracing::debug!(error = %e, "Connection ended with an error");
+        },
+        () = stall.lasted(write_timeout) => tracing::debug!(
+            ?write_timeout,
+            "Connection closed: its answer waited unread for the write timeout"
+        ),
+    }
 }
 
 #[cfg(test)]

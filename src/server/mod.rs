@@ -32,6 +32,7 @@ pub mod limits;
 pub mod listen;
 mod providers;
 pub mod tls;
+mod write_stall;
 
 pub use error::AppError;
 
