@@ -22,12 +22,18 @@
 //!   does not block), then the opened handle is checked: a regular file, owned by this
 //!   user, at most [`MAX_RECORD_BYTES`]. Anything else reads as "no entry" (with a
 //!   warning), so the credential is fetched afresh and the next write replaces the file.
+//! - so does a record holding what this code never writes, field by field: a time this
+//!   system cannot represent or further ahead than a credential is believed to live
+//!   ([`MAX_LIFETIME`], or the cache's `fallback_ttl` if longer), a refresh point after
+//!   the stale point, an empty secret or one with a control character, an empty username
+//!   or one with a control character or `:`. The warning names the field, never its
+//!   value. A credential that would be refused when read back is not written.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use regbroker_provider::{Credential, ExposeSecret, SecretString};
+use regbroker_provider::{Credential, ExposeSecret, MAX_LIFETIME, SecretString, SharedClock};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -41,6 +47,10 @@ const VERSION: u32 = 1;
 /// Largest record read; a record is a few hundred bytes (a long token, a few KiB).
 pub const MAX_RECORD_BYTES: u64 = 64 * 1024;
 
+/// How far a record's clock may be ahead of this one's (a record written just before the
+/// clock stepped back) and its times still be believed.
+const CLOCK_SLACK: Duration = Duration::from_secs(5 * 60);
+
 fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
 }
@@ -49,6 +59,10 @@ fn euid() -> u32 {
 #[derive(Debug)]
 pub struct DiskCache {
     dir: PathBuf,
+    clock: SharedClock,
+    /// The furthest ahead of now a record may say it is served (or its credential
+    /// expires): see [`DiskCache::with_fallback_ttl`].
+    horizon: Duration,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -64,20 +78,74 @@ struct Record {
     stale_at: u64,
 }
 
+/// A record's times, checked.
+struct Times {
+    expires_at: Option<SystemTime>,
+    lifetime: Lifetime,
+}
+
+impl Record {
+    /// Checks every field the rest of the code relies on: what this code could not have
+    /// written is invalid. The reason names the field and never quotes its value (the
+    /// secret's least of all).
+    fn check(&self, now: SystemTime, horizon: Duration) -> Result<Times, String> {
+        // Past `latest` no record of ours can reach: the longest a credential is believed
+        // to live, from now (or the fallback TTL of one without expiry, if longer).
+        let latest = now.checked_add(horizon.saturating_add(CLOCK_SLACK));
+        let at = |field: &str, s: u64| {
+            let t = time(s).ok_or_else(|| format!("`{field}` is not a representable time"))?;
+            match latest {
+                Some(latest) if t > latest => Err(format!(
+                    "`{field}` is more than {} ahead",
+                    humantime::format_duration(horizon)
+                )),
+                _ => Ok(t),
+            }
+        };
+        let refresh_at = at("refresh_at", self.refresh_at)?;
+        let stale_at = at("stale_at", self.stale_at)?;
+        let expires_at = self.expires_at.map(|s| at("expires_at", s)).transpose()?;
+        if refresh_at > stale_at {
+            return Err("`refresh_at` is after `stale_at`".into());
+        }
+        if self.secret.is_empty() {
+            return Err("`secret` is empty".into());
+        }
+        if self.secret.chars().any(char::is_control) {
+            return Err("`secret` contains a control character".into());
+        }
+        if self.username.is_empty() {
+            return Err("`username` is empty".into());
+        }
+        // A `:` would split `username:password` (docker's `auth`, HTTP Basic) elsewhere.
+        if self.username.chars().any(|c| c.is_control() || c == ':') {
+            return Err("`username` contains a control character or `:`".into());
+        }
+        Ok(Times {
+            expires_at,
+            lifetime: Lifetime {
+                refresh_at,
+                stale_at,
+            },
+        })
+    }
+}
+
 fn secs(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
 }
 
-fn time(s: u64) -> SystemTime {
-    SystemTime::UNIX_EPOCH + Duration::from_secs(s)
+/// `s` seconds after the epoch, if this system can represent it.
+fn time(s: u64) -> Option<SystemTime> {
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(s))
 }
 
 impl DiskCache {
-    /// Opens (and creates, mode 0700) the cache directory. Refuses a directory owned by
-    /// another user; tightens the mode of one's own to 0700.
-    pub fn open(dir: impl Into<PathBuf>) -> std::io::Result<DiskCache> {
+    /// Opens (and creates, mode 0700) the cache directory; times are read from `clock`.
+    /// Refuses a directory owned by another user; tightens the mode of one's own to 0700.
+    pub fn open(dir: impl Into<PathBuf>, clock: SharedClock) -> std::io::Result<DiskCache> {
         use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
         let dir = dir.into();
         std::fs::DirBuilder::new()
@@ -100,7 +168,19 @@ impl DiskCache {
         if mode & 0o077 != 0 {
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
         }
-        Ok(DiskCache { dir })
+        Ok(DiskCache {
+            dir,
+            clock,
+            horizon: MAX_LIFETIME,
+        })
+    }
+
+    /// Also believes records of credentials without expiry kept for `fallback_ttl` (the
+    /// cache's setting), if that is longer than [`MAX_LIFETIME`]: a record whose times
+    /// lie further ahead than both is invalid.
+    pub fn with_fallback_ttl(mut self, fallback_ttl: Duration) -> DiskCache {
+        self.horizon = MAX_LIFETIME.max(fallback_ttl);
+        self
     }
 
     fn path(&self, key: &Key) -> PathBuf {
@@ -128,6 +208,10 @@ impl DiskCache {
             refresh_at: secs(entry.lifetime.refresh_at),
             stale_at: secs(entry.lifetime.stale_at),
         };
+        // What would be refused when read back is not written.
+        record
+            .check(self.clock.now(), self.horizon)
+            .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidInput, m))?;
         let json =
             zeroize::Zeroizing::new(serde_json::to_vec(&record).map_err(std::io::Error::other)?);
         drop(record);
@@ -184,16 +268,16 @@ impl DiskCache {
         {
             return Ok(None);
         }
+        let times = record
+            .check(self.clock.now(), self.horizon)
+            .map_err(invalid)?;
         Ok(Some(Entry {
             credential: Credential::new(
-                record.username,
+                std::mem::take(&mut record.username),
                 SecretString::from(std::mem::take(&mut *record.secret)),
-                record.expires_at.map(time),
+                times.expires_at,
             ),
-            lifetime: Lifetime {
-                refresh_at: time(record.refresh_at),
-                stale_at: time(record.stale_at),
-            },
+            lifetime: times.lifetime,
         }))
     }
 }
@@ -221,8 +305,17 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    /// Now, for the tests: 2027-01-15T08:00:00Z.
+    fn t0() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+    }
+
+    fn clock() -> SharedClock {
+        std::sync::Arc::new(regbroker_provider::ManualClock::new(t0()))
+    }
+
     fn entry(secret: &str) -> Entry {
-        let t = time(1_800_000_000);
+        let t = t0();
         Entry {
             credential: Credential::new(
                 "AWS",
@@ -247,7 +340,7 @@ mod tests {
     fn round_trip_with_private_modes() {
         let dir = tempfile::tempdir().unwrap();
         let cache_dir = dir.path().join("cache");
-        let cache = DiskCache::open(&cache_dir).unwrap();
+        let cache = DiskCache::open(&cache_dir, clock()).unwrap();
         cache.store(&key("role-a/us-east-1/123456789012"), &entry("pw-1"));
         let got = cache.load(&key("role-a/us-east-1/123456789012")).unwrap();
         assert_eq!(got.credential.secret().expose_secret(), "pw-1");
@@ -271,7 +364,7 @@ mod tests {
     #[test]
     fn corrupt_or_foreign_files_read_as_empty() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(dir.path()).unwrap();
+        let cache = DiskCache::open(dir.path(), clock()).unwrap();
         let k = key("s");
         std::fs::write(cache.path(&k), "{ torn").unwrap();
         assert!(cache.load(&k).is_none());
@@ -284,7 +377,7 @@ mod tests {
     #[test]
     fn concurrent_writers_never_leave_a_torn_file() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = std::sync::Arc::new(DiskCache::open(dir.path()).unwrap());
+        let cache = std::sync::Arc::new(DiskCache::open(dir.path(), clock()).unwrap());
         let k = key("shared");
         let threads: Vec<_> = (0..8)
             .map(|i| {
@@ -325,7 +418,7 @@ mod tests {
                 std::fs::metadata("/").unwrap().uid(),
                 rustix::process::geteuid().as_raw()
             );
-            let err = DiskCache::open("/").unwrap_err().to_string();
+            let err = DiskCache::open("/", clock()).unwrap_err().to_string();
             assert!(err.contains("owned by uid"), "{err}");
             return;
         }
@@ -333,7 +426,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().join("shared");
         let k = key("role-a/us-east-1/123456789012");
-        DiskCache::open(&d)
+        DiskCache::open(&d, clock())
             .unwrap()
             .store(&k, &entry("attacker-chosen"));
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -342,7 +435,7 @@ mod tests {
         }
         std::os::unix::fs::chown(&d, Some(OTHER_UID), Some(OTHER_UID)).unwrap();
 
-        match DiskCache::open(&d) {
+        match DiskCache::open(&d, clock()) {
             Err(e) => {
                 let e = e.to_string();
                 assert!(e.contains("owned by uid 65534"), "{e}");
@@ -366,7 +459,7 @@ mod tests {
     fn a_record_file_owned_by_someone_else_is_ignored() {
         // Our own directory, but once world-writable: another user planted a file in it.
         let dir = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(dir.path()).unwrap();
+        let cache = DiskCache::open(dir.path(), clock()).unwrap();
         let k = key("s");
         cache.store(&k, &entry("planted"));
         if can_chown() {
@@ -389,8 +482,8 @@ mod tests {
     #[test]
     fn a_symlink_planted_as_the_record_is_not_followed() {
         let dir = tempfile::tempdir().unwrap();
-        let elsewhere = DiskCache::open(dir.path().join("elsewhere")).unwrap();
-        let cache = DiskCache::open(dir.path().join("cache")).unwrap();
+        let elsewhere = DiskCache::open(dir.path().join("elsewhere"), clock()).unwrap();
+        let cache = DiskCache::open(dir.path().join("cache"), clock()).unwrap();
         let k = key("s");
         // A valid record for this very key, owned by us, reached only through a symlink.
         elsewhere.store(&k, &entry("via-symlink"));
@@ -421,7 +514,7 @@ mod tests {
     #[test]
     fn a_fifo_planted_as_the_record_does_not_hang() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = std::sync::Arc::new(DiskCache::open(dir.path()).unwrap());
+        let cache = std::sync::Arc::new(DiskCache::open(dir.path(), clock()).unwrap());
         let k = key("s");
         let fifo = cache.path(&k);
         rustix::fs::mknodat(
@@ -461,7 +554,7 @@ mod tests {
         let d = dir.path().join("c");
         std::fs::create_dir(&d).unwrap();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
-        DiskCache::open(&d).unwrap();
+        DiskCache::open(&d, clock()).unwrap();
         assert_eq!(
             std::fs::metadata(&d).unwrap().permissions().mode() & 0o777,
             0o700
@@ -475,7 +568,7 @@ mod tests {
         let d = dir.path().join("c");
         std::fs::create_dir(&d).unwrap();
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o500)).unwrap();
-        DiskCache::open(&d).unwrap();
+        DiskCache::open(&d, clock()).unwrap();
         let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
         assert_eq!(mode, 0o500);
@@ -484,7 +577,7 @@ mod tests {
     #[test]
     fn a_missing_record_is_none_and_one_that_cannot_be_read_an_error() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(dir.path()).unwrap();
+        let cache = DiskCache::open(dir.path(), clock()).unwrap();
         let k = key("s");
         assert!(matches!(cache.read(&k), Ok(None)));
         std::os::unix::fs::symlink("/dev/null", cache.path(&k)).unwrap();
@@ -497,7 +590,7 @@ mod tests {
     #[test]
     fn a_record_of_another_format_version_is_ignored() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(dir.path()).unwrap();
+        let cache = DiskCache::open(dir.path(), clock()).unwrap();
         let k = key("s");
         cache.store(&k, &entry("pw"));
         let path = cache.path(&k);
@@ -511,7 +604,7 @@ mod tests {
     #[test]
     fn a_record_of_64_kib_is_read_and_one_byte_more_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(dir.path()).unwrap();
+        let cache = DiskCache::open(dir.path(), clock()).unwrap();
         let k = key("s");
         // A long secret (an Entra ID token is a few KiB), then JSON whitespace to the size.
         cache.store(&k, &entry(&"t".repeat(40 * 1024)));
@@ -570,9 +663,182 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let cache = DiskCache::open(dir.path().join("c")).unwrap();
+        let cache = DiskCache::open(dir.path().join("c"), clock()).unwrap();
         cache.store(&key("s"), &entry("pw"));
         let got = cache.read(&key("s")).unwrap().expect("its own record");
         assert_eq!(got.credential.secret().expose_secret(), "pw");
+    }
+
+    /// `valid` with `field` set to `value` (`None`: removed).
+    fn edited(
+        valid: &serde_json::Value,
+        field: &str,
+        value: Option<&serde_json::Value>,
+    ) -> Vec<u8> {
+        let mut record = valid.clone();
+        match value {
+            Some(v) => record[field] = v.clone(),
+            None => drop(record.as_object_mut().unwrap().remove(field)),
+        }
+        serde_json::to_vec(&record).unwrap()
+    }
+
+    #[test]
+    fn a_record_with_a_bad_field_is_ignored_never_a_panic() {
+        use serde_json::{Value, json};
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path(), clock()).unwrap();
+        let k = key("s");
+        let secret = "the-secret-value";
+        cache.store(&k, &entry(secret));
+        let path = cache.path(&k);
+        let valid: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let t = secs(t0());
+        // One field at a time, edited by hand or corrupted, and the reason it is refused
+        // (a parse error names only where it is: "line 1 column N").
+        let cases: Vec<(&str, Option<Value>, &str)> = vec![
+            // Before the fix, the first three aborted the process (an overflowing add).
+            (
+                "refresh_at",
+                Some(json!(u64::MAX)),
+                "`refresh_at` is not a representable time",
+            ),
+            (
+                "stale_at",
+                Some(json!(u64::MAX)),
+                "`stale_at` is not a representable time",
+            ),
+            (
+                "expires_at",
+                Some(json!(u64::MAX)),
+                "`expires_at` is not a representable time",
+            ),
+            // Representable, but no record of ours reaches that far: served for ever.
+            (
+                "stale_at",
+                Some(json!(253_402_300_800u64)),
+                "`stale_at` is more than 12h ahead",
+            ),
+            (
+                "stale_at",
+                Some(json!(t + 2 * 86_400)),
+                "`stale_at` is more than 12h ahead",
+            ),
+            (
+                "expires_at",
+                Some(json!(t + 3650 * 86_400)),
+                "`expires_at` is more than 12h ahead",
+            ),
+            (
+                "refresh_at",
+                Some(json!(t + 3001)),
+                "`refresh_at` is after `stale_at`",
+            ),
+            ("secret", Some(json!("")), "`secret` is empty"),
+            (
+                "secret",
+                Some(json!("tok\nen")),
+                "`secret` contains a control character",
+            ),
+            (
+                "secret",
+                Some(json!("tok\u{0}en")),
+                "`secret` contains a control character",
+            ),
+            ("username", Some(json!("")), "`username` is empty"),
+            (
+                "username",
+                Some(json!("AW\u{1b}S")),
+                "`username` contains a control character",
+            ),
+            (
+                "username",
+                Some(json!("AW\nS")),
+                "`username` contains a control character",
+            ),
+            (
+                "username",
+                Some(json!("a:b")),
+                "`username` contains a control character or `:`",
+            ),
+            // Wrong types and missing fields: serde refuses them.
+            ("secret", Some(json!(5)), "line 1 column"),
+            ("secret", None, "line 1 column"),
+            ("refresh_at", Some(json!(-1)), "line 1 column"),
+            ("refresh_at", Some(json!(1.5)), "line 1 column"),
+            ("stale_at", Some(Value::Null), "line 1 column"),
+            ("stale_at", None, "line 1 column"),
+            ("expires_at", Some(json!("soon")), "line 1 column"),
+            ("username", Some(json!(["AWS"])), "line 1 column"),
+            ("version", Some(json!("1")), "line 1 column"),
+            ("provider", Some(json!(7)), "line 1 column"),
+        ];
+        let mut wrong = Vec::new();
+        for (field, value, reason) in &cases {
+            std::fs::write(&path, edited(&valid, field, value.as_ref())).unwrap();
+            let what = format!("{field} = {value:?}");
+            let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                cache.read(&k).map(|e| e.is_some())
+            }));
+            match got {
+                Ok(Err(e)) => {
+                    let e = e.to_string();
+                    assert!(
+                        !e.contains("the-secret") && !e.contains("tok"),
+                        "{what}: {e}"
+                    );
+                    if !e.contains(reason) {
+                        wrong.push(format!("{what}: refused, but as {e:?}"));
+                    }
+                    assert!(cache.load(&k).is_none(), "{what}: served by load");
+                }
+                Ok(Ok(served)) => wrong.push(format!("{what}: accepted (served: {served})")),
+                Err(_) => wrong.push(format!("{what}: panicked")),
+            }
+        }
+        assert!(wrong.is_empty(), "{wrong:#?}");
+        // The table edits one field at a time: the valid record itself is served.
+        std::fs::write(&path, serde_json::to_vec(&valid).unwrap()).unwrap();
+        assert!(cache.read(&k).unwrap().is_some());
+    }
+
+    #[test]
+    fn a_credential_that_could_not_be_read_back_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path(), clock()).unwrap();
+        let k = key("s");
+        cache.store(&k, &entry(""));
+        assert!(!cache.path(&k).exists(), "an empty secret was written");
+        cache.store(&k, &entry("ours"));
+        cache.store(&k, &entry("tok\r\nen"));
+        let got = cache.load(&k).expect("the last valid record stays");
+        assert_eq!(got.credential.secret().expose_secret(), "ours");
+    }
+
+    #[test]
+    fn a_fallback_ttl_longer_than_12_hours_is_believed_when_configured() {
+        // A credential without expiry is kept for `fallback_ttl`; configured to a day,
+        // its record lies a day ahead, which only that setting makes plausible.
+        let dir = tempfile::tempdir().unwrap();
+        let k = key("s");
+        let day = Duration::from_secs(86_400);
+        let no_expiry = Entry {
+            credential: Credential::new("AWS", SecretString::from("pw".to_string()), None),
+            lifetime: Lifetime {
+                refresh_at: t0() + day,
+                stale_at: t0() + day,
+            },
+        };
+        let cache = DiskCache::open(dir.path(), clock())
+            .unwrap()
+            .with_fallback_ttl(day);
+        cache.store(&k, &no_expiry);
+        assert_eq!(
+            cache.read(&k).unwrap().unwrap().lifetime,
+            no_expiry.lifetime
+        );
+        let default = DiskCache::open(dir.path(), clock()).unwrap();
+        let err = default.read(&k).unwrap_err().to_string();
+        assert!(err.contains("`refresh_at` is more than 12h ahead"), "{err}");
     }
 }
