@@ -28,6 +28,20 @@
 //!   the stale point, an empty secret or one with a control character, an empty username
 //!   or one with a control character or `:`. The warning names the field, never its
 //!   value. A credential that would be refused when read back is not written.
+//!
+//! The directory is cleaned as it is used, a bounded amount each time. After each write
+//! (which follows an upstream fetch) a sweep lists the directory's names and examines at
+//! most [`SWEEP_SAMPLE`] files chosen at random among those named like ours (a record:
+//! 64 hex digits and `.json`; a writer's temporary file: `.tmp` and 6 letters or
+//! digits). It deletes a record past its stale point (never served again), and a
+//! temporary file or a record that can never be served (corrupt, another format
+//! version's, under a name not its key's) once older than [`ABANDONED_AFTER`]. Then, if
+//! more than [`MAX_RECORDS`] records remain, it deletes the oldest by modification time
+//! until that many do. It deletes only regular files this user owns, looked at with
+//! `lstat` (a symlink is neither followed nor deleted), and only if the name still
+//! names the file it examined (a record another process has just rewritten is kept).
+//! Sampling rather than reading every record keeps a write's cost flat however many
+//! records pile up: with `n` files, each expired one is gone after about `n / 16` writes.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -46,6 +60,27 @@ const VERSION: u32 = 1;
 
 /// Largest record read; a record is a few hundred bytes (a long token, a few KiB).
 pub const MAX_RECORD_BYTES: u64 = 64 * 1024;
+
+/// Most files one sweep examines (reads, and deletes if due): the work a write adds is
+/// bounded whatever the directory holds, beyond listing its names.
+pub const SWEEP_SAMPLE: usize = 16;
+
+/// Most records the directory keeps: past this, a sweep deletes the oldest (by
+/// modification time) until it holds this many. One record is one identity's credential
+/// for one provider scope: a kubelet with per-workload identity writes one per
+/// ServiceAccount and cloud identity, and 4096 is far more than one node pulls images
+/// with within a credential's life (at most 12 hours); a record is about 1 KiB to a few.
+pub const MAX_RECORDS: usize = 4096;
+
+/// How old a file must be before a sweep deletes it as abandoned: a temporary file (its
+/// writer crashed, or still writes if younger) or a record that can never be served (a
+/// corrupt one, another format version's, one under a name not its key's).
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(10 * 60);
+
+/// The name of a temporary file is this prefix and [`TMP_RANDOM_CHARS`] random letters
+/// and digits (what the writer asks `tempfile` for, so the sweep knows it).
+const TMP_PREFIX: &str = ".tmp";
+const TMP_RANDOM_CHARS: usize = 6;
 
 /// How far a record's clock may be ahead of this one's (a record written just before the
 /// clock stepped back) and its times still be believed.
@@ -131,6 +166,61 @@ impl Record {
     }
 }
 
+/// The file name of the record for (`provider`, `scope`): 64 hex digits and `.json`.
+fn file_name(provider: &str, scope: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(provider.as_bytes());
+    h.update([0]);
+    h.update(scope.as_bytes());
+    let name: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("{name}.json")
+}
+
+/// The files of the directory a sweep may delete, by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A record: 64 lowercase hex digits and `.json`.
+    Record,
+    /// A writer's temporary file: `.tmp` and 6 letters or digits.
+    Temp,
+}
+
+fn kind(name: &std::ffi::OsStr) -> Option<Kind> {
+    let name = name.to_str()?;
+    if let Some(hash) = name.strip_suffix(".json")
+        && hash.len() == 64
+        && hash.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        return Some(Kind::Record);
+    }
+    if let Some(random) = name.strip_prefix(TMP_PREFIX)
+        && random.len() == TMP_RANDOM_CHARS
+        && random.bytes().all(|b| b.is_ascii_alphanumeric())
+    {
+        return Some(Kind::Temp);
+    }
+    None
+}
+
+/// A new temporary file in `dir`, mode 0600, named as [`kind`] recognises.
+fn temp_file(dir: &Path) -> std::io::Result<tempfile::NamedTempFile> {
+    tempfile::Builder::new()
+        .prefix(TMP_PREFIX)
+        .rand_bytes(TMP_RANDOM_CHARS)
+        .tempfile_in(dir)
+}
+
+/// What one sweep deleted.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Swept {
+    /// Records past their stale point.
+    expired: usize,
+    /// Temporary files and unservable records older than [`ABANDONED_AFTER`].
+    abandoned: usize,
+    /// The oldest records, beyond [`MAX_RECORDS`].
+    evicted: usize,
+}
+
 fn secs(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -184,12 +274,7 @@ impl DiskCache {
     }
 
     fn path(&self, key: &Key) -> PathBuf {
-        let mut h = Sha256::new();
-        h.update(key.provider.as_bytes());
-        h.update([0]);
-        h.update(key.scope.as_bytes());
-        let name: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-        self.dir.join(format!("{name}.json"))
+        self.dir.join(file_name(key.provider, &key.scope))
     }
 
     /// The directory.
@@ -215,8 +300,8 @@ impl DiskCache {
         let json =
             zeroize::Zeroizing::new(serde_json::to_vec(&record).map_err(std::io::Error::other)?);
         drop(record);
-        // NamedTempFile creates the file with mode 0600.
-        let mut tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
+        // Created with mode 0600, under a name the sweep recognises.
+        let mut tmp = temp_file(&self.dir)?;
         tmp.write_all(&json)?;
         tmp.as_file().sync_all()?;
         tmp.persist(self.path(key)).map_err(|e| e.error)?;
@@ -224,45 +309,9 @@ impl DiskCache {
     }
 
     fn read(&self, key: &Key) -> std::io::Result<Option<Entry>> {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-        let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
-        // No symlink is followed (ELOOP), and a FIFO opens without waiting for a writer.
-        let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
-        let file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(flags.bits() as i32)
-            .open(self.path(key))
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e),
+        let Some((mut record, _)) = read_record(&self.path(key))? else {
+            return Ok(None);
         };
-        // The opened file itself, not the path (which may have changed since).
-        let meta = file.metadata()?;
-        if !meta.file_type().is_file() {
-            return Err(invalid("not a regular file".into()));
-        }
-        if meta.uid() != euid() {
-            return Err(invalid(format!(
-                "owned by uid {}, not by this user",
-                meta.uid()
-            )));
-        }
-        if meta.len() > MAX_RECORD_BYTES {
-            return Err(invalid(format!("larger than {MAX_RECORD_BYTES} bytes")));
-        }
-        // Sized up front so the buffer holding the secret is not reallocated (and copied).
-        let mut bytes = zeroize::Zeroizing::new(Vec::with_capacity(meta.len() as usize + 1));
-        file.take(MAX_RECORD_BYTES + 1).read_to_end(&mut bytes)?;
-        if bytes.len() as u64 > MAX_RECORD_BYTES {
-            return Err(invalid(format!("larger than {MAX_RECORD_BYTES} bytes")));
-        }
-        let mut record: Record = serde_json::from_slice(&bytes).map_err(|e| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("line {} column {}", e.line(), e.column()),
-            )
-        })?;
         // A hash collision, or a file from another version: ignore it.
         if record.version != VERSION || record.provider != key.provider || record.scope != key.scope
         {
@@ -270,7 +319,7 @@ impl DiskCache {
         }
         let times = record
             .check(self.clock.now(), self.horizon)
-            .map_err(invalid)?;
+            .map_err(|m| std::io::Error::new(std::io::ErrorKind::InvalidData, m))?;
         Ok(Some(Entry {
             credential: Credential::new(
                 std::mem::take(&mut record.username),
@@ -280,6 +329,208 @@ impl DiskCache {
             lifetime: times.lifetime,
         }))
     }
+
+    /// Deletes what will never be served again, examining at most [`SWEEP_SAMPLE`] files
+    /// chosen at random among those named like ours, then the oldest records beyond
+    /// [`MAX_RECORDS`]. Only regular files this user owns are deleted; a symlink is
+    /// never followed nor removed, and names not like ours are never touched.
+    fn sweep(&self) -> std::io::Result<Swept> {
+        let now = self.clock.now();
+        let mut names: Vec<(std::ffi::OsString, Kind)> = Vec::new();
+        for e in std::fs::read_dir(&self.dir)? {
+            let name = e?.file_name();
+            if let Some(kind) = kind(&name) {
+                names.push((name, kind));
+            }
+        }
+        // The first `sample` names, after a partial Fisher-Yates shuffle, are a uniform
+        // random sample.
+        let n = names.len();
+        let sample = n.min(SWEEP_SAMPLE);
+        for i in 0..sample {
+            names.swap(i, fastrand::usize(i..n));
+        }
+        let mut swept = Swept::default();
+        let mut records = Vec::with_capacity(names.len());
+        for (i, (name, kind)) in names.into_iter().enumerate() {
+            if i >= sample {
+                if kind == Kind::Record {
+                    records.push(name);
+                }
+                continue;
+            }
+            match self.examine(&name, kind, now) {
+                Ok(Some(Verdict::Expired)) => swept.expired += 1,
+                Ok(Some(Verdict::Abandoned)) => swept.abandoned += 1,
+                Ok(None) if kind == Kind::Record => records.push(name),
+                Ok(None) => {}
+                // Removed meanwhile (by another process's sweep), or unreadable: it is
+                // left for a later sweep.
+                Err(e) => {
+                    tracing::debug!(dir = %self.dir.display(), error = %e, "Cannot sweep disk cache file");
+                    if kind == Kind::Record {
+                        records.push(name);
+                    }
+                }
+            }
+        }
+        if records.len() > MAX_RECORDS {
+            swept.evicted = self.evict_oldest(records);
+        }
+        Ok(swept)
+    }
+
+    /// Whether the file `name` is to be deleted now, and why; deletes it if so.
+    fn examine(
+        &self,
+        name: &std::ffi::OsStr,
+        kind: Kind,
+        now: SystemTime,
+    ) -> std::io::Result<Option<Verdict>> {
+        let path = self.dir.join(name);
+        // lstat: a symlink is looked at as itself, never followed.
+        let meta = std::fs::symlink_metadata(&path)?;
+        if !own_regular_file(&meta) {
+            return Ok(None);
+        }
+        let abandoned = now
+            .duration_since(meta.modified()?)
+            .is_ok_and(|age| age >= ABANDONED_AFTER);
+        let verdict = match kind {
+            Kind::Temp => abandoned.then_some(Verdict::Abandoned),
+            Kind::Record => match self.servable_until(&path, name, now) {
+                // Another file than the one looked at: a writer replaced it meanwhile.
+                Ok(Some((_, opened))) if !same_file(&opened, &meta) => None,
+                Ok(Some((stale_at, _))) if stale_at <= now => Some(Verdict::Expired),
+                Ok(Some(_)) => None,
+                Ok(None) | Err(_) => abandoned.then_some(Verdict::Abandoned),
+            },
+        };
+        if verdict.is_some() && !remove_if_same(&path, &meta)? {
+            return Ok(None);
+        }
+        Ok(verdict)
+    }
+
+    /// The stale point of the record at `path` (and the opened file's metadata), if it
+    /// could ever be served: this version's, valid, under its own key's name.
+    fn servable_until(
+        &self,
+        path: &Path,
+        name: &std::ffi::OsStr,
+        now: SystemTime,
+    ) -> std::io::Result<Option<(SystemTime, std::fs::Metadata)>> {
+        let Some((record, meta)) = read_record(path)? else {
+            return Ok(None);
+        };
+        if record.version != VERSION || *name != *file_name(&record.provider, &record.scope) {
+            return Ok(None);
+        }
+        Ok(record
+            .check(now, self.horizon)
+            .ok()
+            .map(|t| (t.lifetime.stale_at, meta)))
+    }
+
+    /// Deletes the oldest of `records` (names) until [`MAX_RECORDS`] remain, counting
+    /// only regular files this user owns (the others are never deleted); returns how many
+    /// it deleted.
+    fn evict_oldest(&self, records: Vec<std::ffi::OsString>) -> usize {
+        let mut owned: Vec<_> = records
+            .into_iter()
+            .filter_map(|name| {
+                let path = self.dir.join(name);
+                let meta = std::fs::symlink_metadata(&path).ok()?;
+                let modified = meta.modified().ok()?;
+                own_regular_file(&meta).then_some((modified, path, meta))
+            })
+            .collect();
+        let excess = owned.len().saturating_sub(MAX_RECORDS);
+        if excess == 0 {
+            return 0;
+        }
+        owned.sort_by_key(|(modified, ..)| *modified);
+        owned
+            .iter()
+            .take(excess)
+            .filter(|(_, path, meta)| remove_if_same(path, meta).unwrap_or(false))
+            .count()
+    }
+}
+
+/// Why a sweep deleted a file.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Expired,
+    Abandoned,
+}
+
+fn own_regular_file(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    meta.file_type().is_file() && meta.uid() == euid()
+}
+
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
+}
+
+/// Deletes `path` if it is still the file `meta` describes (not replaced by a writer
+/// since); `Ok(false)` if it was replaced or is gone.
+fn remove_if_same(path: &Path, meta: &std::fs::Metadata) -> std::io::Result<bool> {
+    match std::fs::symlink_metadata(path) {
+        Ok(now) if same_file(&now, meta) => {}
+        Ok(_) => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads the record file at `path`, `Ok(None)` if there is none. It is opened with
+/// `O_NOFOLLOW | O_NONBLOCK` (a symlink fails to open, a FIFO does not block), then the
+/// opened handle must be a regular file this user owns, at most [`MAX_RECORD_BYTES`].
+fn read_record(path: &Path) -> std::io::Result<Option<(Record, std::fs::Metadata)>> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, m);
+    // No symlink is followed (ELOOP), and a FIFO opens without waiting for a writer.
+    let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits() as i32)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // The opened file itself, not the path (which may have changed since).
+    let meta = file.metadata()?;
+    if !meta.file_type().is_file() {
+        return Err(invalid("not a regular file".into()));
+    }
+    if meta.uid() != euid() {
+        return Err(invalid(format!(
+            "owned by uid {}, not by this user",
+            meta.uid()
+        )));
+    }
+    if meta.len() > MAX_RECORD_BYTES {
+        return Err(invalid(format!("larger than {MAX_RECORD_BYTES} bytes")));
+    }
+    // Sized up front so the buffer holding the secret is not reallocated (and copied).
+    let mut bytes = zeroize::Zeroizing::new(Vec::with_capacity(meta.len() as usize + 1));
+    (&file).take(MAX_RECORD_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return Err(invalid(format!("larger than {MAX_RECORD_BYTES} bytes")));
+    }
+    let record = serde_json::from_slice(&bytes)
+        .map_err(|e| invalid(format!("line {} column {}", e.line(), e.column())))?;
+    Ok(Some((record, meta)))
 }
 
 impl Persist for DiskCache {
@@ -293,9 +544,21 @@ impl Persist for DiskCache {
         }
     }
 
+    /// Writes the record, then sweeps: a write follows an upstream fetch, so the
+    /// directory is cleaned at that cadence, a bounded amount each time.
     fn store(&self, key: &Key, entry: &Entry) {
         if let Err(e) = self.write(key, entry) {
             tracing::warn!(dir = %self.dir.display(), provider = key.provider, error = %e, "Cannot write disk cache entry");
+            return;
+        }
+        match self.sweep() {
+            Ok(s) if s == Swept::default() => {}
+            Ok(s) => {
+                tracing::debug!(dir = %self.dir.display(), expired = s.expired, abandoned = s.abandoned, evicted = s.evicted, "Swept disk cache")
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.dir.display(), error = %e, "Cannot sweep disk cache")
+            }
         }
     }
 }
@@ -840,5 +1103,293 @@ mod tests {
         let default = DiskCache::open(dir.path(), clock()).unwrap();
         let err = default.read(&k).unwrap_err().to_string();
         assert!(err.contains("`refresh_at` is more than 12h ahead"), "{err}");
+    }
+
+    /// The sweep compares modification times, set by the file system's clock, with the
+    /// injected one: these tests stand the injected clock at the file system's now.
+    fn fs_clock(dir: &Path) -> (SharedClock, SystemTime) {
+        let probe = dir.join("probe");
+        std::fs::write(&probe, "").unwrap();
+        let now = std::fs::metadata(&probe).unwrap().modified().unwrap();
+        std::fs::remove_file(&probe).unwrap();
+        (
+            std::sync::Arc::new(regbroker_provider::ManualClock::new(now)),
+            now,
+        )
+    }
+
+    /// A credential fetched at `fetched`, servable for 50 minutes.
+    fn entry_at(fetched: SystemTime) -> Entry {
+        Entry {
+            credential: Credential::new(
+                "AWS",
+                SecretString::from("pw".to_string()),
+                Some(fetched + Duration::from_secs(3600)),
+            ),
+            lifetime: Lifetime {
+                refresh_at: fetched + Duration::from_secs(2000),
+                stale_at: fetched + Duration::from_secs(3000),
+            },
+        }
+    }
+
+    /// Writes the record of `entry` for `k` as `write` would (without its fsync, and
+    /// without a sweep), last modified at `modified`.
+    fn plant(cache: &DiskCache, k: &Key, entry: &Entry, modified: SystemTime) -> PathBuf {
+        let record = Record {
+            version: VERSION,
+            provider: k.provider.to_string(),
+            scope: k.scope.clone(),
+            username: entry.credential.username().to_string(),
+            secret: zeroize::Zeroizing::new("pw".to_string()),
+            expires_at: entry.credential.expires_at().map(secs),
+            refresh_at: secs(entry.lifetime.refresh_at),
+            stale_at: secs(entry.lifetime.stale_at),
+        };
+        let path = cache.path(k);
+        std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+        touch(&path, modified);
+        path
+    }
+
+    /// Sets the modification time of `path` itself (a symlink's own, not its target's).
+    fn touch(path: &Path, modified: SystemTime) {
+        let d = modified.duration_since(SystemTime::UNIX_EPOCH).unwrap();
+        let t = rustix::fs::Timespec {
+            tv_sec: d.as_secs() as _,
+            tv_nsec: d.subsec_nanos() as _,
+        };
+        let times = rustix::fs::Timestamps {
+            last_access: t,
+            last_modification: t,
+        };
+        rustix::fs::utimensat(
+            rustix::fs::CWD,
+            path,
+            &times,
+            rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .unwrap();
+    }
+
+    fn names_in(dir: &Path) -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect()
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn expired_records_are_removed_as_the_cache_is_used_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (clock, now) = fs_clock(dir.path());
+        let cache = DiskCache::open(dir.path(), clock).unwrap();
+        // Fewer files than one sweep examines: one store looks at every one.
+        let mut expired = Vec::new();
+        for i in 0..5 {
+            // Fetched two hours ago: stale 50 minutes after that.
+            let k = key(&format!("gone-{i}"));
+            expired.push(plant(&cache, &k, &entry_at(now - 2 * HOUR), now - 2 * HOUR));
+        }
+        for i in 0..5 {
+            plant(
+                &cache,
+                &key(&format!("live-{i}")),
+                &entry_at(now - MINUTE),
+                now - MINUTE,
+            );
+        }
+        // Stale exactly now: never served again.
+        let edge = plant(
+            &cache,
+            &key("edge"),
+            &entry_at(now - 3000 * Duration::from_secs(1)),
+            now - HOUR,
+        );
+        cache.store(&key("new"), &entry_at(now));
+        for p in expired.iter().chain([&edge]) {
+            assert!(!p.exists(), "an expired record was kept");
+        }
+        for i in 0..5 {
+            assert!(cache.load(&key(&format!("live-{i}"))).is_some(), "live-{i}");
+        }
+        assert!(cache.load(&key("new")).is_some());
+        assert_eq!(names_in(dir.path()).len(), 6);
+    }
+
+    #[test]
+    fn one_store_removes_at_most_a_sample_and_repeated_stores_remove_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let (clock, now) = fs_clock(dir.path());
+        let cache = DiskCache::open(dir.path(), clock).unwrap();
+        for i in 0..200 {
+            plant(
+                &cache,
+                &key(&format!("gone-{i}")),
+                &entry_at(now - 2 * HOUR),
+                now - 2 * HOUR,
+            );
+        }
+        let mut left = 200;
+        let mut stores = 0;
+        while left > 0 {
+            cache.store(&key("live"), &entry_at(now));
+            stores += 1;
+            let now_left = names_in(dir.path()).len() - 1;
+            let removed = left - now_left;
+            assert!(removed <= SWEEP_SAMPLE, "store {stores} removed {removed}");
+            // Among 17 files or more, a sample of 16 holds at least 15 expired ones.
+            assert!(
+                removed >= SWEEP_SAMPLE.min(left) - 1,
+                "store {stores} removed {removed}"
+            );
+            left = now_left;
+            assert!(
+                stores <= 20,
+                "{left} expired records left after {stores} stores"
+            );
+        }
+        assert!(stores >= 200 / SWEEP_SAMPLE, "{stores}");
+        assert!(cache.load(&key("live")).is_some());
+    }
+
+    #[test]
+    fn the_directory_keeps_at_most_max_records_evicting_the_oldest() {
+        let dir = tempfile::tempdir().unwrap();
+        let (clock, now) = fs_clock(dir.path());
+        let cache = DiskCache::open(dir.path(), clock).unwrap();
+        // All live; record `i` was last written `i + 1` seconds ago.
+        let planted = MAX_RECORDS + 10;
+        let paths: Vec<PathBuf> = (0..planted)
+            .map(|i| {
+                let at = now - Duration::from_secs(i as u64 + 1);
+                plant(&cache, &key(&format!("r-{i}")), &entry_at(now - MINUTE), at)
+            })
+            .collect();
+        cache.store(&key("new"), &entry_at(now));
+        assert_eq!(names_in(dir.path()).len(), MAX_RECORDS);
+        assert!(
+            cache.load(&key("new")).is_some(),
+            "the newest record was evicted"
+        );
+        // 4107 records: the 11 oldest went.
+        for (i, p) in paths.iter().enumerate() {
+            assert_eq!(p.exists(), i < MAX_RECORDS - 1, "record {i}");
+        }
+    }
+
+    #[test]
+    fn files_not_ours_to_delete_are_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (clock, now) = fs_clock(dir.path());
+        let cache = DiskCache::open(dir.path().join("c"), clock.clone()).unwrap();
+        let elsewhere = DiskCache::open(dir.path().join("elsewhere"), clock).unwrap();
+        let long_ago = now - 2 * HOUR;
+        // An expired record elsewhere, linked under a record's name and a temp file's.
+        let target = plant(&elsewhere, &key("linked"), &entry_at(long_ago), long_ago);
+        std::os::unix::fs::symlink(&target, cache.path(&key("linked"))).unwrap();
+        std::os::unix::fs::symlink(&target, cache.dir().join(".tmpAbC123")).unwrap();
+        // A directory named like a record; names that are not ours. All old, unreadable
+        // as records: ours, they would be abandoned.
+        std::fs::create_dir(cache.path(&key("a-directory"))).unwrap();
+        for p in [
+            cache.path(&key("linked")),
+            cache.dir().join(".tmpAbC123"),
+            cache.path(&key("a-directory")),
+        ] {
+            touch(&p, long_ago);
+        }
+        for name in [
+            "notes.txt",
+            ".tmpAbC12",
+            ".tmpAbC1234",
+            "ABCDEF.json",
+            ".tmp-other",
+        ] {
+            std::fs::write(cache.dir().join(name), "{ torn").unwrap();
+            touch(&cache.dir().join(name), long_ago);
+        }
+        let mut expected = names_in(cache.dir());
+        // An expired record another user owns (planted while the directory was loose).
+        let foreign = plant(&cache, &key("foreign"), &entry_at(long_ago), long_ago);
+        if can_chown() {
+            std::os::unix::fs::chown(&foreign, Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+            expected.insert(foreign.file_name().unwrap().to_str().unwrap().into());
+        }
+        let new = cache.path(&key("new"));
+        expected.insert(new.file_name().unwrap().to_str().unwrap().into());
+        // Fewer than a sample: each store examines every file.
+        for _ in 0..3 {
+            cache.store(&key("new"), &entry_at(now));
+        }
+        assert_eq!(names_in(cache.dir()), expected);
+        assert!(target.exists(), "a symlink's target was deleted");
+        assert!(
+            std::fs::symlink_metadata(cache.path(&key("linked")))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+    }
+
+    #[test]
+    fn abandoned_temporary_files_and_unservable_records_are_removed_and_fresh_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let (clock, now) = fs_clock(dir.path());
+        let cache = DiskCache::open(dir.path(), clock).unwrap();
+        let old = now - ABANDONED_AFTER - MINUTE;
+        let recent = now - ABANDONED_AFTER + MINUTE;
+        let file = |name: &str, text: &str, modified| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            touch(&p, modified);
+            p
+        };
+        // Crashed writers' temporary files.
+        let old_tmp = file(".tmpAbC123", "{\"version\"", old);
+        let fresh_tmp = file(".tmpXyZ789", "{\"version\"", recent);
+        // Records that can never be served: torn, and a live record under another name.
+        let old_torn = file(&file_name("aws", "torn-old"), "{ torn", old);
+        let fresh_torn = file(&file_name("aws", "torn-fresh"), "{ torn", recent);
+        let live = plant(&cache, &key("moved"), &entry_at(now), old);
+        let moved = cache.path(&key("moved-here"));
+        std::fs::rename(&live, &moved).unwrap();
+        // Another format version's record.
+        let other_version = plant(&cache, &key("v2"), &entry_at(now), old);
+        let text = std::fs::read_to_string(&other_version).unwrap();
+        std::fs::write(
+            &other_version,
+            text.replace("\"version\":1", "\"version\":2"),
+        )
+        .unwrap();
+        touch(&other_version, old);
+        cache.store(&key("new"), &entry_at(now));
+        for p in [&old_tmp, &old_torn, &moved, &other_version] {
+            assert!(!p.exists(), "{} was kept", p.display());
+        }
+        for p in [&fresh_tmp, &fresh_torn] {
+            assert!(p.exists(), "{} was deleted", p.display());
+        }
+    }
+
+    #[test]
+    fn the_writers_temporary_files_have_names_the_sweep_recognises() {
+        let dir = tempfile::tempdir().unwrap();
+        for _ in 0..20 {
+            let tmp = temp_file(dir.path()).unwrap();
+            assert_eq!(
+                kind(tmp.path().file_name().unwrap()),
+                Some(Kind::Temp),
+                "{}",
+                tmp.path().display()
+            );
+        }
+        assert_eq!(
+            kind(std::ffi::OsStr::new(&file_name("aws", "s"))),
+            Some(Kind::Record)
+        );
     }
 }
