@@ -891,28 +891,80 @@ mod tests {
         assert!(err.contains("larger than 65536 bytes"), "{err}");
     }
 
+    /// Whether every directory from `/` down to `dir` lets others (`nobody`) through.
+    fn others_may_traverse(dir: &Path) -> bool {
+        let Ok(dir) = dir.canonicalize() else {
+            return false;
+        };
+        dir.ancestors().all(|d| {
+            std::fs::metadata(d).is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o001 != 0)
+        })
+    }
+
     /// Runs this test binary's test `name` as the user `nobody` (with `setpriv`, from
-    /// util-linux) and asserts that it passed.
+    /// util-linux) and asserts that it passed within a minute.
+    ///
+    /// The child gets a directory of its own: a copy of the binary in a directory under
+    /// the first of `$TMPDIR`, `/tmp`, `/var/tmp` and `/dev/shm` that `nobody` can reach
+    /// (the build directory, or a `/tmp` of mode 0700, may be private), and as its
+    /// `TMPDIR` a subdirectory it owns, so it never depends on a shared, world-writable
+    /// `/tmp`. Its output goes to files there, read once it ends (no pipe to fill).
     fn run_as_nobody(name: &str) {
-        // A copy nobody may run: the build directory may sit under a private one.
-        let bin_dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let bin = bin_dir.path().join("tests");
+        const DEADLINE: Duration = Duration::from_secs(60);
+        let candidates = [
+            std::env::temp_dir(),
+            "/tmp".into(),
+            "/var/tmp".into(),
+            "/dev/shm".into(),
+        ];
+        let base = candidates
+            .iter()
+            .find(|d| others_may_traverse(d))
+            .unwrap_or_else(|| panic!("none of {candidates:?} lets uid {OTHER_UID} through"));
+        let dir = tempfile::tempdir_in(base).unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let bin = dir.path().join("tests");
         std::fs::copy(std::env::current_exe().unwrap(), &bin).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let out = std::process::Command::new("setpriv")
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).unwrap();
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&tmp, Some(OTHER_UID), Some(OTHER_UID)).unwrap();
+        let (stdout, stderr) = (dir.path().join("stdout"), dir.path().join("stderr"));
+        let mut child = std::process::Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
             .arg(&bin)
             .args(["--exact", name, "--test-threads=1"])
-            .env("TMPDIR", "/tmp")
-            .output()
+            .env("TMPDIR", &tmp)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&stdout).unwrap())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
             .expect("setpriv (util-linux) runs this test as another user when root");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains("1 passed"),
-            "as nobody: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
+        let started = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if started.elapsed() > DEADLINE {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let output = format!(
+            "{}{}",
+            std::fs::read_to_string(&stdout).unwrap_or_default(),
+            std::fs::read_to_string(&stderr).unwrap_or_default()
         );
+        match status {
+            None => panic!("as nobody: no result within {DEADLINE:?}, killed; output:\n{output}"),
+            Some(status) => assert!(
+                status.success() && output.contains("1 passed"),
+                "as nobody: {status}; output:\n{output}"
+            ),
+        }
     }
 
     #[test]
