@@ -335,6 +335,11 @@ impl Broker {
     pub fn now(&self) -> SystemTime {
         self.clock.now()
     }
+
+    /// The broker's clock (the one-shot modes' disk cache reads time from it too).
+    pub fn clock(&self) -> &SharedClock {
+        &self.clock
+    }
 }
 
 /// `route` for `workload`'s own identity: a provider's target bound to it (or the

@@ -188,13 +188,15 @@ impl Backend {
         let broker = match &settings.cache_dir {
             None => broker,
             Some(dir) => {
-                let disk = crate::oneshot::disk_cache::DiskCache::open(dir).map_err(|e| {
-                    format!(
-                        "{}: {}: {e}",
-                        crate::oneshot::disk_cache::ENV,
-                        dir.display()
-                    )
-                })?;
+                let disk = crate::oneshot::disk_cache::DiskCache::open(dir, broker.clock().clone())
+                    .map_err(|e| {
+                        format!(
+                            "{}: {}: {e}",
+                            crate::oneshot::disk_cache::ENV,
+                            dir.display()
+                        )
+                    })?
+                    .with_fallback_ttl(broker.cache().config().fallback_ttl);
                 Arc::new(
                     Arc::into_inner(broker)
                         .ok_or("broker is shared")?
