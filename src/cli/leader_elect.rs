@@ -232,7 +232,18 @@ mod tests {
         ])
         .unwrap();
         let e = a.check_durations().unwrap_err();
-        assert!(e.contains("must be longer than"), "{e}");
+        assert!(e.contains("must be at least 1s longer than"), "{e}");
+        // Longer, but by less than the margin a cut-off leader needs.
+        let a = parse(&[
+            "--leader-elect",
+            "--leader-elect-lease-duration",
+            "10s",
+            "--leader-elect-renew-deadline",
+            "9500ms",
+        ])
+        .unwrap();
+        let e = a.check_durations().unwrap_err();
+        assert!(e.contains("must be at least 1s longer than"), "{e}");
         let a = parse(&["--leader-elect", "--leader-elect-retry-period", "9s"]).unwrap();
         assert!(a.check_durations().is_err());
         let a = parse(&[
