@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use common::process::{CLI_BOUND, KillOnDrop, run_bounded};
 use common::{ServeProcess, TestServer, docker_config};
 use regbroker::server::{self, AppState, Bound, ConnLimits, Listen};
 
@@ -58,20 +59,11 @@ async fn bearer_token_guards_credentials_but_not_probes() {
         let mut cmd = Command::new(BIN);
         cmd.args(["credential-helper", "get"])
             .env_clear()
-            .env("REGBROKER_ENDPOINT", format!("http://{}", srv.addr))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
+            .env("REGBROKER_ENDPOINT", format!("http://{}", srv.addr));
         if with_token {
             cmd.env("REGBROKER_AUTH_TOKEN_FILE", &token);
         }
-        let mut child = cmd.spawn().unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(b"r.example.com")
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = run_bounded(&mut cmd, Some(b"r.example.com"), CLI_BOUND);
         (out.status.code(), String::from_utf8(out.stdout).unwrap())
     };
     let (code, out) = helper(true);
@@ -97,17 +89,20 @@ fn weak_or_unreadable_token_files_are_refused_without_quoting_them() {
         (spaced.display().to_string(), "whitespace"),
         ("/nonexistent/token".to_string(), "cannot read"),
     ] {
-        let out = Command::new(BIN)
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--auth-token-file",
-                &path,
-            ])
-            .env_clear()
-            .output()
-            .unwrap();
+        // Bounded: with the check weakened, `serve` starts and runs on.
+        let out = run_bounded(
+            Command::new(BIN)
+                .args([
+                    "serve",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--auth-token-file",
+                    &path,
+                ])
+                .env_clear(),
+            None,
+            CLI_BOUND,
+        );
         assert_eq!(out.status.code(), Some(64), "{path}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(needle), "{err}");
@@ -124,18 +119,20 @@ fn unix_socket_group_gets_mode_0660() {
     let dir = tempfile::tempdir().unwrap();
     let gid = std::fs::metadata(dir.path()).unwrap().gid();
     let sock = dir.path().join("s.sock");
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            &format!("unix:{}", sock.display()),
-            "--socket-group",
-            &gid.to_string(),
-        ])
-        .env_clear()
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let _child = KillOnDrop(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                &format!("unix:{}", sock.display()),
+                "--socket-group",
+                &gid.to_string(),
+            ])
+            .env_clear()
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !sock.exists() {
         assert!(std::time::Instant::now() < deadline);
@@ -145,8 +142,6 @@ fn unix_socket_group_gets_mode_0660() {
     let meta = std::fs::metadata(&sock).unwrap();
     assert_eq!(meta.permissions().mode() & 0o777, 0o660);
     assert_eq!(meta.gid(), gid);
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// The fake provider's cache key for `*.fake.test`.

@@ -7,7 +7,8 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::ServeProcess;
+use common::process::{CLI_BOUND, KillOnDrop, run_bounded};
+use common::{ServeProcess, wait_exit};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 
@@ -16,13 +17,15 @@ fn example(name: &str) -> String {
 }
 
 fn regbroker(args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
-        .args(args)
-        .env_remove("REGBROKER_CONFIG")
-        .env_remove("REGBROKER_DOCKER_CONFIG")
-        .env_remove("REGBROKER_LISTEN")
-        .output()
-        .unwrap()
+    run_bounded(
+        Command::new(BIN)
+            .args(args)
+            .env_remove("REGBROKER_CONFIG")
+            .env_remove("REGBROKER_DOCKER_CONFIG")
+            .env_remove("REGBROKER_LISTEN"),
+        None,
+        CLI_BOUND,
+    )
 }
 
 fn text(b: &[u8]) -> String {
@@ -117,14 +120,14 @@ fn docker_config_env_takes_a_comma_separated_list() {
         r#"{"auths": {"b.example.com": {"username": "ub", "password": "pb"}}}"#,
     )
     .unwrap();
-    let out = Command::new(BIN)
-        .args(["resolve", "b.example.com"])
-        .env(
+    let out = run_bounded(
+        Command::new(BIN).args(["resolve", "b.example.com"]).env(
             "REGBROKER_DOCKER_CONFIG",
             format!("{},{}", a.display(), b.display()),
-        )
-        .output()
-        .unwrap();
+        ),
+        None,
+        CLI_BOUND,
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("username:  ub"));
 }
@@ -292,11 +295,13 @@ fn unix_socket_listener_has_mode_0600() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("regbroker.sock");
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", &format!("unix:{}", sock.display())])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args(["serve", "--listen", &format!("unix:{}", sock.display())])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !sock.exists() {
         assert!(
@@ -310,6 +315,9 @@ fn unix_socket_listener_has_mode_0600() {
     assert_eq!(mode, 0o600);
     // It answers HTTP over the socket.
     let mut stream = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     use std::io::{Read, Write};
     stream
         .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
@@ -321,6 +329,7 @@ fn unix_socket_listener_has_mode_0600() {
         .args(["-TERM", &child.id().to_string()])
         .status()
         .unwrap();
-    assert!(child.wait().unwrap().success());
+    let status = wait_exit(&mut child, Duration::from_secs(10)).expect("serve ignored SIGTERM");
+    assert!(status.success(), "{status}");
     assert!(!sock.exists(), "socket file left behind");
 }

@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
+use common::process::{CLI_BOUND, run_bounded};
 use common::{FakeMetadata, ServeProcess, docker_config};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
@@ -122,45 +122,38 @@ async fn auth_token_file_is_read_from_env_and_the_flag_wins() {
 #[test]
 fn sync_secret_is_read_from_env_and_the_flag_wins() {
     // A malformed reference is a usage error (64) naming it: so the env was read.
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env_clear()
-        .env("REGBROKER_SYNC_SECRET", "ns/ok,not-a-reference")
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let Some(status) = common::wait_exit(&mut child, Duration::from_secs(30)) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("REGBROKER_SYNC_SECRET was not read: serve ran on");
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(64), "{err}");
+    // Bounded: were the env not read, serve would run on.
+    let out = run_bounded(
+        Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env_clear()
+            .env("REGBROKER_SYNC_SECRET", "ns/ok,not-a-reference"),
+        None,
+        CLI_BOUND,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
     assert!(err.contains("not-a-reference"), "{err}");
     // A valid flag wins: the malformed env is never parsed, and the process gets as far
     // as looking for a Kubernetes client (none here: exit 1, not 64).
     let home = tempfile::tempdir().unwrap();
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--sync-secret",
-            "ns/name",
-        ])
-        .env_clear()
-        .env("HOME", home.path())
-        .env("KUBECONFIG", home.path().join("missing"))
-        .env("REGBROKER_SYNC_SECRET", "not-a-reference")
-        .stdin(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = common::wait_exit(&mut child, Duration::from_secs(30)).expect("no exit");
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    assert_eq!(status.code(), Some(1), "{err}");
+    let out = run_bounded(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--sync-secret",
+                "ns/name",
+            ])
+            .env_clear()
+            .env("HOME", home.path())
+            .env("KUBECONFIG", home.path().join("missing"))
+            .env("REGBROKER_SYNC_SECRET", "not-a-reference"),
+        None,
+        CLI_BOUND,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(!err.contains("not-a-reference"), "{err}");
 }

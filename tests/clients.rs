@@ -14,12 +14,12 @@
 mod common;
 mod registry_peer;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::ServeProcess;
+use common::process::{CLI_BOUND, KillOnDrop, PEER_CLIENT_BOUND, run_bounded};
 use registry_peer::{Emulator, PASSWORD, Registry, USER, http_status, peer};
 use sha2::{Digest, Sha256};
 
@@ -100,7 +100,7 @@ fn skopeo(args: &[&str], env: &[(&str, String)], home: &Path) -> Output {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    cmd.output().unwrap()
+    run_bounded(&mut cmd, None, PEER_CLIENT_BOUND)
 }
 
 fn text(b: &[u8]) -> String {
@@ -215,17 +215,19 @@ fn skopeo_copies_through_the_helper_in_process_and_via_the_sidecar() {
 
     // Sidecar backend over a unix socket.
     let sock = dir.path().join("regbroker.sock");
-    let mut child = Command::new(BIN)
-        .args([
-            "serve",
-            "--listen",
-            &format!("unix:{}", sock.display()),
-            "--docker-config",
-            good.to_str().unwrap(),
-        ])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let _child = KillOnDrop(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                &format!("unix:{}", sock.display()),
+                "--docker-config",
+                good.to_str().unwrap(),
+            ])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while !sock.exists() {
         assert!(Instant::now() < deadline);
@@ -237,8 +239,6 @@ fn skopeo_copies_through_the_helper_in_process_and_via_the_sidecar() {
     ];
     let (push, _) = push_pull(&reg, dir.path(), "unixsocket", &authfile, &env);
     assert!(push.status.success(), "push: {}", text(&push.stderr));
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 #[test]
@@ -257,22 +257,15 @@ fn skopeo_goes_anonymous_when_the_helper_has_nothing() {
     assert!(pull.unwrap().status.success());
 
     // And the helper's answer is exactly the protocol's text.
-    let mut child = Command::new(bin.join("docker-credential-regbroker"))
-        .arg("get")
-        .env_remove("REGBROKER_DOCKER_CONFIG")
-        .env_remove("REGBROKER_CONFIG")
-        .env_remove("REGBROKER_ENDPOINT")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(reg.host.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = run_bounded(
+        Command::new(bin.join("docker-credential-regbroker"))
+            .arg("get")
+            .env_remove("REGBROKER_DOCKER_CONFIG")
+            .env_remove("REGBROKER_CONFIG")
+            .env_remove("REGBROKER_ENDPOINT"),
+        Some(reg.host.as_bytes()),
+        CLI_BOUND,
+    );
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         text(&out.stdout),
@@ -284,11 +277,13 @@ fn skopeo_goes_anonymous_when_the_helper_has_nothing() {
 #[ignore = "needs python3, oras (PyPI), docker-registry, htpasswd: run scripts/test.sh"]
 fn oras_pushes_and_pulls_with_the_docker_config_sink() {
     let python = peer("python3", "apt-get install python3");
-    let has_oras = Command::new(&python)
-        .args(["-c", "import oras.client"])
-        .status()
-        .unwrap()
-        .success();
+    let has_oras = run_bounded(
+        Command::new(&python).args(["-c", "import oras.client"]),
+        None,
+        CLI_BOUND,
+    )
+    .status
+    .success();
     assert!(
         has_oras,
         "test peer `oras` (the Python client) is missing from {}; install it with \
@@ -332,17 +327,19 @@ assert res.status_code in (200, 201), res.status_code
 files = client.pull(target=target, outdir=out, config_path=config)
 print(open(files[0]).read())
 "#;
-    let out = Command::new(&python)
-        .args([
-            "-c",
-            script,
-            &reg.host,
-            sink.to_str().unwrap(),
-            artifact.to_str().unwrap(),
-        ])
-        .arg(dir.path().join("out"))
-        .output()
-        .unwrap();
+    let out = run_bounded(
+        Command::new(&python)
+            .args([
+                "-c",
+                script,
+                &reg.host,
+                sink.to_str().unwrap(),
+                artifact.to_str().unwrap(),
+            ])
+            .arg(dir.path().join("out")),
+        None,
+        PEER_CLIENT_BOUND,
+    );
     assert!(
         out.status.success(),
         "oras: {}{}",
@@ -368,23 +365,15 @@ fn helper_agrees_with_the_reference_ecr_helper_where_it_should() {
     let bin = helper_dir(dir.path());
     let ours = bin.join("docker-credential-regbroker");
     let run = |helper: &Path, action: &str, input: &str| {
-        let mut child = Command::new(helper)
-            .arg(action)
-            .env_clear()
-            .env("HOME", dir.path())
-            .env("PATH", "/usr/bin:/bin")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = run_bounded(
+            Command::new(helper)
+                .arg(action)
+                .env_clear()
+                .env("HOME", dir.path())
+                .env("PATH", "/usr/bin:/bin"),
+            Some(input.as_bytes()),
+            CLI_BOUND,
+        );
         (out.status.code(), text(&out.stdout))
     };
     // Hosts neither serves: the same exit code and the same text, to the byte.
@@ -438,18 +427,15 @@ fn gcplocal() -> Emulator {
 
 /// Runs the regbroker binary with exactly `env` (plus PATH).
 fn regbroker(args: &[&str], env: &[(&str, &str)], stdin: &[u8]) -> (Option<i32>, String, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = run_bounded(
+        Command::new(BIN)
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .envs(env.iter().copied()),
+        Some(stdin),
+        CLI_BOUND,
+    );
     (out.status.code(), text(&out.stdout), text(&out.stderr))
 }
 

@@ -9,12 +9,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
 mod registry_peer;
 
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
+use common::process::{CLI_BOUND, run_bounded};
 use registry_peer::{Emulator, closed_port, moto, peer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
@@ -44,7 +46,7 @@ fn doctor(args: &[&str], env: &[(&str, String)]) -> Run {
         cmd.env(k, v);
     }
     let started = std::time::Instant::now();
-    let out = cmd.output().unwrap();
+    let out = run_bounded(&mut cmd, None, CLI_BOUND);
     assert!(
         started.elapsed() < Duration::from_secs(60),
         "doctor took {:?}",

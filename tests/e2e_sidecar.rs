@@ -23,14 +23,17 @@ mod common;
 use std::process::{Command, Output};
 
 use common::ServeProcess;
+use common::process::{PEER_CLIENT_BOUND, run_bounded};
 
 fn skopeo(args: &[&str], env: &[(&str, String)]) -> Output {
-    Command::new("skopeo")
-        .arg("--insecure-policy")
-        .args(args)
-        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-        .output()
-        .expect("skopeo runs")
+    run_bounded(
+        Command::new("skopeo")
+            .arg("--insecure-policy")
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str()))),
+        None,
+        PEER_CLIENT_BOUND,
+    )
 }
 
 fn text(b: &[u8]) -> String {

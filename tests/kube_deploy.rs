@@ -9,11 +9,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
 mod control_plane;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::process::{CLI_BOUND, run_bounded};
 use control_plane::ControlPlane;
 
 fn deploy() -> PathBuf {
@@ -21,7 +23,7 @@ fn deploy() -> PathBuf {
 }
 
 fn run(program: &Path, args: &[&str]) -> String {
-    let out = Command::new(program).args(args).output().unwrap();
+    let out = run_bounded(Command::new(program).args(args), None, CLI_BOUND);
     assert!(
         out.status.success(),
         "{} {args:?} failed:\n{}",

@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![cfg(feature = "aws")]
 
+mod common;
 mod control_plane;
 mod registry_peer;
 

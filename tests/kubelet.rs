@@ -3,8 +3,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+mod common;
+
+use std::process::Command;
+
+use common::process::{CLI_BOUND, run_bounded};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 
@@ -17,17 +20,14 @@ fn fixture(name: &str) -> Vec<u8> {
 }
 
 fn provide(input: &[u8], docker_config: &std::path::Path) -> (Option<i32>, String, String) {
-    let mut child = Command::new(BIN)
-        .arg("kubelet-credential-provider")
-        .env_clear()
-        .env("REGBROKER_DOCKER_CONFIG", docker_config)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input).unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = run_bounded(
+        Command::new(BIN)
+            .arg("kubelet-credential-provider")
+            .env_clear()
+            .env("REGBROKER_DOCKER_CONFIG", docker_config),
+        Some(input),
+        CLI_BOUND,
+    );
     (
         out.status.code(),
         String::from_utf8(out.stdout).unwrap(),

@@ -7,31 +7,23 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use common::FakeMetadata;
+use common::process::{CLI_BOUND, run_bounded};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 
 fn run(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env_clear()
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    run_bounded(
+        Command::new(BIN)
+            .args(args)
+            .env_clear()
+            .envs(env.iter().copied()),
+        Some(stdin.as_bytes()),
+        CLI_BOUND,
+    )
 }
 
 fn helper_get(meta: &FakeMetadata, cache: &Path) -> Output {

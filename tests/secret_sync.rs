@@ -497,10 +497,15 @@ async fn serve_syncs_the_secret_and_keeps_serving_through_api_errors() {
 
 #[test]
 fn bad_sync_secret_is_a_usage_error() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_regbroker"))
-        .args(["serve", "--sync-secret", "NoSlash"])
-        .output()
-        .unwrap();
+    let out = common::process::run_bounded(
+        std::process::Command::new(env!("CARGO_BIN_EXE_regbroker")).args([
+            "serve",
+            "--sync-secret",
+            "NoSlash",
+        ]),
+        None,
+        common::process::CLI_BOUND,
+    );
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("NAMESPACE/NAME"), "{err}");

@@ -13,13 +13,14 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{ServeProcess, docker_config};
+use common::process::{CLI_BOUND, KillOnDrop, describe, run_bounded};
+use common::{ServeProcess, docker_config, wait_exit};
 use http_body_util::BodyExt;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
@@ -298,32 +299,51 @@ async fn a_rotated_certificate_reaches_new_connections_and_a_broken_one_is_ignor
 }
 
 /// Starts `regbroker serve ARGS` and reports whether it got to "Listening" (killing it)
-/// or exited, with its exit code and stderr.
-// Both ways out of the loop wait for the child (clippy cannot see that through it).
-#[allow(clippy::zombie_processes)]
+/// or exited, with its exit code and stderr. Doing neither within [`CLI_BOUND`] (it runs
+/// on without logging, or keeps stderr open) fails the test, and the process is killed.
 fn serve_outcome(args: &[&str]) -> Result<(), (Option<i32>, String)> {
-    let mut child = Command::new(BIN)
-        .arg("serve")
+    use std::sync::mpsc::RecvTimeoutError;
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
         .args(args)
         .env_clear()
         .env("REGBROKER_LOG_FORMAT", "json")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    let what = describe(&cmd);
+    let mut child = KillOnDrop(cmd.spawn().unwrap());
     let mut stderr = child.stderr.take().unwrap();
-    let mut all = String::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let n = stderr.read(&mut buf).unwrap_or(0);
-        if n == 0 {
-            let status = child.wait().unwrap();
-            return Err((status.code(), all));
+    // Read on a thread, so that the wait for the next line has a deadline.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = stderr.read(&mut buf) {
+            if tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
         }
-        all.push_str(&String::from_utf8_lossy(&buf[..n]));
-        if all.contains("Listening") {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(());
+    });
+    let deadline = Instant::now() + CLI_BOUND;
+    let mut all = Vec::new();
+    loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(chunk) => {
+                all.extend_from_slice(&chunk);
+                if String::from_utf8_lossy(&all).contains("Listening") {
+                    // Killed when `child` drops.
+                    return Ok(());
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = wait_exit(&mut child, CLI_BOUND).unwrap_or_else(|| {
+                    panic!("`{what}` closed stderr but did not exit within {CLI_BOUND:?}")
+                });
+                return Err((status.code(), String::from_utf8_lossy(&all).into_owned()));
+            }
+            Err(RecvTimeoutError::Timeout) => panic!(
+                "`{what}` neither listened nor exited within {CLI_BOUND:?}: killed it; stderr:\n{}",
+                String::from_utf8_lossy(&all)
+            ),
         }
     }
 }
@@ -426,21 +446,14 @@ fn non_loopback_listen_needs_a_token_and_tls_or_an_explicit_opt_out() {
 
 /// Runs `regbroker credential-helper get` for `r.example.com` with `env`.
 fn helper(env: &[(&str, &str)]) -> (Option<i32>, String) {
-    let mut child = Command::new(BIN)
-        .args(["credential-helper", "get"])
-        .env_clear()
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"r.example.com")
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = run_bounded(
+        Command::new(BIN)
+            .args(["credential-helper", "get"])
+            .env_clear()
+            .envs(env.iter().copied()),
+        Some(b"r.example.com"),
+        CLI_BOUND,
+    );
     (out.status.code(), String::from_utf8(out.stdout).unwrap())
 }
 

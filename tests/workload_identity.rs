@@ -16,14 +16,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
 mod control_plane;
 mod registry_peer;
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
+use common::process::{CLI_BOUND, run_bounded};
 use control_plane::ControlPlane;
 use registry_peer::{Emulator, moto};
 
@@ -46,30 +47,22 @@ struct Run {
 /// of moto's default account), moto as every AWS endpoint, and `cache` as the disk cache.
 fn kubelet(moto: &Emulator, cache: &Path, request: &serde_json::Value) -> Run {
     let home = tempfile::tempdir().unwrap();
-    let mut child = Command::new(BIN)
-        .arg("kubelet-credential-provider")
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("HOME", home.path())
-        .env("RUST_LOG", "trace")
-        .env("AWS_ENDPOINT_URL", format!("http://{}", moto.addr))
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_ACCESS_KEY_ID", "AKIANODEIDENTITY0001")
-        .env("AWS_SECRET_ACCESS_KEY", "node-secret-key")
-        .env("AWS_REGION", "us-east-1")
-        .env("REGBROKER_CACHE_DIR", cache)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(request.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
+    let out = run_bounded(
+        Command::new(BIN)
+            .arg("kubelet-credential-provider")
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", home.path())
+            .env("RUST_LOG", "trace")
+            .env("AWS_ENDPOINT_URL", format!("http://{}", moto.addr))
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("AWS_ACCESS_KEY_ID", "AKIANODEIDENTITY0001")
+            .env("AWS_SECRET_ACCESS_KEY", "node-secret-key")
+            .env("AWS_REGION", "us-east-1")
+            .env("REGBROKER_CACHE_DIR", cache),
+        Some(request.to_string().as_bytes()),
+        CLI_BOUND,
+    );
     Run {
         code: out.status.code(),
         out: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -327,28 +320,20 @@ async fn two_aws_identities_sharing_a_disk_cache_never_share_an_entry() {
     let cache = private_cache();
     let helper = |key_id: &str| {
         let home = tempfile::tempdir().unwrap();
-        let mut child = Command::new(BIN)
-            .args(["credential-helper", "get"])
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", home.path())
-            .env("AWS_ENDPOINT_URL", format!("http://{}", moto.addr))
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_ACCESS_KEY_ID", key_id)
-            .env("AWS_SECRET_ACCESS_KEY", "secret-of-the-key")
-            .env("REGBROKER_CACHE_DIR", cache.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(HOST.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = run_bounded(
+            Command::new(BIN)
+                .args(["credential-helper", "get"])
+                .env_clear()
+                .env("PATH", "/usr/bin:/bin")
+                .env("HOME", home.path())
+                .env("AWS_ENDPOINT_URL", format!("http://{}", moto.addr))
+                .env("AWS_EC2_METADATA_DISABLED", "true")
+                .env("AWS_ACCESS_KEY_ID", key_id)
+                .env("AWS_SECRET_ACCESS_KEY", "secret-of-the-key")
+                .env("REGBROKER_CACHE_DIR", cache.path()),
+            Some(HOST.as_bytes()),
+            CLI_BOUND,
+        );
         assert!(
             out.status.success(),
             "{}",

@@ -7,6 +7,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod process;
+
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -383,9 +385,12 @@ impl ServeProcess {
             }
         });
         let addr = loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(30))
-                .expect("regbroker exited or hung before listening");
+            let Ok(line) = rx.recv_timeout(Duration::from_secs(30)) else {
+                // Not left running (and holding the suite's output) after the test fails.
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("regbroker serve {args:?} exited or hung before listening (30 s)");
+            };
             let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
             if v["message"] == "Listening" {
                 break v["listen"].as_str().unwrap().to_string();

@@ -22,13 +22,13 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::common::process::{run_bounded, wait_output_bounded};
 use base64::Engine as _;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
@@ -48,11 +48,16 @@ impl Peers {
             }),
             None => {
                 let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/peers.sh");
-                let out = Command::new("bash")
+                // Its progress (stderr) shows as it goes. Building every peer from source
+                // takes long on a small machine, but not forever.
+                let child = Command::new("bash")
                     .arg(&script)
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
                     .stderr(Stdio::inherit())
-                    .output()
+                    .spawn()
                     .expect("cannot run scripts/peers.sh");
+                let out = wait_output_bounded(child, "bash scripts/peers.sh", PEERS_BUILD_BOUND);
                 assert!(
                     out.status.success(),
                     "scripts/peers.sh failed ({}); see its message above",
@@ -102,6 +107,13 @@ pub struct ControlPlane {
     _etcd: Tethered,
     _apiserver: Tethered,
 }
+
+/// The bound for one kubectl call: above the `--timeout=60s` of the `kubectl wait`s.
+const KUBECTL_BOUND: Duration = Duration::from_secs(180);
+
+/// The bound for `scripts/peers.sh` when it builds every peer from source (Go builds of
+/// kube-apiserver and friends on a small machine); a cached peer costs seconds.
+const PEERS_BUILD_BOUND: Duration = Duration::from_secs(60 * 60);
 
 static SHARED: OnceLock<ControlPlane> = OnceLock::new();
 static NAMES: AtomicUsize = AtomicUsize::new(0);
@@ -328,21 +340,13 @@ impl ControlPlane {
     /// Runs the peer `kubectl` as the admin with `args`, `stdin` piped in; returns
     /// (success, stdout, stderr).
     pub fn kubectl(&self, args: &[&str], stdin: &str) -> (bool, String, String) {
-        let mut child = Command::new(self.peers.get("kubectl"))
-            .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cannot run kubectl");
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = run_bounded(
+            Command::new(self.peers.get("kubectl"))
+                .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
+                .args(args),
+            Some(stdin.as_bytes()),
+            KUBECTL_BOUND,
+        );
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -3,7 +3,8 @@
 //! or anonymous, storing into a temporary directory that goes with it.
 //!
 //! Shared by the test binaries that drive real clients (`tests/helm_cli.rs`, and
-//! `tests/clients.rs` once it switches over): `mod registry_peer;` then
+//! `tests/clients.rs` once it switches over): `mod common; mod registry_peer;` (it runs
+//! its setup commands with `common`'s bounded helpers) then
 //! `registry_peer::Registry::start_with(Some((USER, PASSWORD)))`. The tests using it are
 //! `#[ignore]`d with the peers they need, so plain `cargo test` lists them as ignored and
 //! `scripts/test.sh` (which installs the peers) runs them; a peer missing from PATH when a
@@ -16,6 +17,8 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::common::process::{CLI_BOUND, run_bounded};
 
 /// The user [`Registry::start`] accepts (htpasswd), unless anonymous.
 pub const USER: &str = "testuser";
@@ -107,10 +110,11 @@ impl Registry {
                 dir.path().join("data").display()
             );
             if let (Some((user, password)), Some(htpasswd)) = (auth, &htpasswd) {
-                let out = Command::new(htpasswd)
-                    .args(["-Bbn", user, password])
-                    .output()
-                    .unwrap();
+                let out = run_bounded(
+                    Command::new(htpasswd).args(["-Bbn", user, password]),
+                    None,
+                    CLI_BOUND,
+                );
                 assert!(
                     out.status.success(),
                     "htpasswd failed: {}",
@@ -156,10 +160,12 @@ impl Registry {
     pub fn set_password(&self, user: &str, password: &str) {
         let path = self._process.dir().join("htpasswd");
         assert!(path.is_file(), "set_password on an anonymous registry");
-        let out = Command::new(peer("htpasswd", "apt-get install apache2-utils"))
-            .args(["-Bbn", user, password])
-            .output()
-            .unwrap();
+        let out = run_bounded(
+            Command::new(peer("htpasswd", "apt-get install apache2-utils"))
+                .args(["-Bbn", user, password]),
+            None,
+            CLI_BOUND,
+        );
         assert!(
             out.status.success(),
             "htpasswd failed: {}",

@@ -450,7 +450,9 @@ async fn spawn_managed_identity_child(
         "--ignored",
         "--nocapture",
         "--test-threads=1",
-    ]);
+    ])
+    // Killed when the timeout below drops it: a child that hangs must not outlive the test.
+    .kill_on_drop(true);
     // Start from a clean identity env: these also steer the SDK's managed identity
     // source selection (Service Fabric, Azure Arc, Cloud Shell, Azure ML).
     let sdk_sources = [
@@ -478,9 +480,12 @@ async fn spawn_managed_identity_child(
     for (k, v) in extra {
         cmd.env(k, v);
     }
-    let out = tokio::time::timeout(Duration::from_secs(20), cmd.output())
+    let bound = Duration::from_secs(60);
+    let out = tokio::time::timeout(bound, cmd.output())
         .await
-        .expect("child finished in time")
+        .unwrap_or_else(|_| {
+            panic!("child `managed_identity_child` of this test binary did not exit within {bound:?}: killed it")
+        })
         .expect("child ran");
     (running, out)
 }

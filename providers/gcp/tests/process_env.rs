@@ -11,6 +11,7 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::{HeaderMap, StatusCode};
@@ -40,20 +41,29 @@ async fn from_env_reads_gce_metadata_host_from_the_process_environment() {
         }),
     );
     let fake = common::Fake::start(router).await;
-    let out = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "child_fetch",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_MARKER, "1")
-        .env("GCE_METADATA_HOST", fake.addr.to_string())
-        .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
-        .output()
-        .await
-        .unwrap();
+    // Bounded, and killed at the bound (`kill_on_drop`: the timeout drops the future).
+    let bound = Duration::from_secs(60);
+    let out = tokio::time::timeout(
+        bound,
+        tokio::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "child_fetch",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_MARKER, "1")
+            .env("GCE_METADATA_HOST", fake.addr.to_string())
+            .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!("child `child_fetch` of this test binary did not exit within {bound:?}: killed it")
+    })
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "child failed: {stdout}");
     assert!(stdout.contains("CHILD-OK"), "child did not run: {stdout}");

@@ -117,9 +117,13 @@ pub async fn run_child(registry: &str, options: &str, env: &[(&str, String)]) ->
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+    // `kill_on_drop`: the child is killed when the timeout drops the future.
+    let bound = Duration::from_secs(60);
+    let out = tokio::time::timeout(bound, cmd.output())
         .await
-        .expect("child scenario took more than 30 s")
+        .unwrap_or_else(|_| {
+            panic!("child `child_fetch` of this test binary (registry {registry}) did not exit within {bound:?}: killed it")
+        })
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
