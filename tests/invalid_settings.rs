@@ -9,51 +9,27 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
+
+use common::process::run_bounded;
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 
-/// Runs `regbroker ARGS` with `env` and `stdin`, expecting it to exit within 30 s;
-/// returns (exit code, stdout, stderr). A process still running then is killed and the
-/// test fails: a refused setting must never leave a server running.
+/// Runs `regbroker ARGS` with `env` and `stdin`, expecting it to exit within 30 s (a
+/// process still running then is killed and the test fails: a refused setting must never
+/// leave a server running); returns (exit code, stdout, stderr).
 fn run(args: &[&str], env: &[(&str, &str)], stdin: &str) -> (Option<i32>, String, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    let stdin = stdin.to_string();
-    std::thread::spawn(move || {
-        let _ = input.write_all(stdin.as_bytes());
-    });
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let Some(status) = common::wait_exit(&mut child, Duration::from_secs(30)) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!(
-            "`regbroker {}` with {env:?} was still running after 30 s (the setting was accepted); stderr: {}",
-            args.join(" "),
-            err.join().unwrap()
-        );
-    };
-    (status.code(), out.join().unwrap(), err.join().unwrap())
+    let out = run_bounded(
+        Command::new(BIN).args(args).envs(env.iter().copied()),
+        Some(stdin.as_bytes()),
+        Duration::from_secs(30),
+    );
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 const BAD_RATES: &[(&str, &str)] = &[
