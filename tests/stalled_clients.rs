@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod stalled_support;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -16,6 +18,8 @@ use regbroker::server::{Bound, ConnLimits, Listen};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout};
+
+use stalled_support::{get_once, reset_within, stalled_client};
 
 /// Bytes of one `/big` answer.
 const BIG: usize = 256 * 1024;
@@ -37,26 +41,6 @@ async fn serve(limits: ConnLimits) -> SocketAddr {
     addr
 }
 
-/// A client with a tiny receive buffer that pipelines `PIPELINED` requests for `/big`
-/// and never reads.
-async fn stalled_client(addr: SocketAddr) -> TcpStream {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(1024).unwrap();
-    let mut stream = timeout(Duration::from_secs(5), socket.connect(addr))
-        .await
-        .expect("connect timed out")
-        .unwrap();
-    let requests = "GET /big HTTP/1.1\r\nHost: t\r\n\r\n".repeat(PIPELINED);
-    timeout(
-        Duration::from_secs(5),
-        stream.write_all(requests.as_bytes()),
-    )
-    .await
-    .expect("sending the requests timed out")
-    .unwrap();
-    stream
-}
-
 /// Reads until the server closes the connection (EOF or a reset), within `within`;
 /// returns the bytes read, or None if the connection was still open then.
 async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Option<usize> {
@@ -72,33 +56,6 @@ async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Option<u
     }
 }
 
-/// Whether the server resets the connection within `within`. Looked at without reading
-/// (SO_ERROR), since reading would let the server make progress.
-async fn reset_within(stream: &TcpStream, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        match stream.take_error() {
-            Ok(Some(e)) => return e.kind() == std::io::ErrorKind::ConnectionReset,
-            Ok(None) => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(_) => return false,
-        }
-    }
-    false
-}
-
-/// Sends one `Connection: close` request and reads the whole answer, within `within`.
-async fn get_once(addr: SocketAddr, path: &str, within: Duration) -> Option<String> {
-    let ask = async {
-        let mut s = TcpStream::connect(addr).await.ok()?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut answer = Vec::new();
-        s.read_to_end(&mut answer).await.ok()?;
-        Some(String::from_utf8_lossy(&answer).into_owned())
-    };
-    timeout(within, ask).await.ok().flatten()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_never_read_are_closed_and_free_their_slots() {
     let max = 4;
@@ -111,7 +68,7 @@ async fn clients_that_never_read_are_closed_and_free_their_slots() {
     .await;
     let mut stalled = Vec::new();
     for _ in 0..max {
-        stalled.push(stalled_client(addr).await);
+        stalled.push(stalled_client(addr, "/big", PIPELINED, Duration::from_secs(5)).await);
     }
 
     // Every slot is held by a client that does not read: a further client waits in the

@@ -6,14 +6,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod stalled_support;
+
 use std::io::BufRead;
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
+
+use stalled_support::{get_once, reset_within, stalled_client};
 
 /// Clients that never read. Each must ask for more than a loopback send buffer holds
 /// (about 2.6 MB): some 6,700 pipelined requests for the 467-byte `/metrics` of a fresh
@@ -102,39 +104,6 @@ impl Drop for Serve {
     }
 }
 
-/// One `Connection: close` GET; the whole answer within `within`, or None.
-async fn get_once(addr: SocketAddr, path: &str, within: Duration) -> Option<String> {
-    let ask = async {
-        let mut s = TcpStream::connect(addr).await.ok()?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut answer = Vec::new();
-        s.read_to_end(&mut answer).await.ok()?;
-        Some(String::from_utf8_lossy(&answer).into_owned())
-    };
-    timeout(within, ask).await.ok().flatten()
-}
-
-/// A client with a tiny receive buffer that pipelines `count` requests for `/metrics`
-/// and never reads.
-async fn stalled_client(addr: SocketAddr, count: usize) -> TcpStream {
-    let socket = TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(1024).unwrap();
-    let mut stream = timeout(Duration::from_secs(5), socket.connect(addr))
-        .await
-        .expect("connect timed out")
-        .unwrap();
-    let requests = "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n".repeat(count);
-    timeout(
-        Duration::from_secs(10),
-        stream.write_all(requests.as_bytes()),
-    )
-    .await
-    .expect("sending the requests timed out")
-    .unwrap();
-    stream
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_probe_port_stays_alive_and_resets_clients_that_never_read() {
     let dir = tempfile::tempdir().unwrap();
@@ -148,7 +117,7 @@ async fn the_probe_port_stays_alive_and_resets_clients_that_never_read() {
     let started = Instant::now();
     let mut stalled = Vec::new();
     for _ in 0..STALLED {
-        stalled.push(stalled_client(probe, count).await);
+        stalled.push(stalled_client(probe, "/metrics", count, Duration::from_secs(10)).await);
     }
 
     // The liveness probe answers, each time within 2 s, until past the write timeout.
@@ -173,15 +142,7 @@ async fn the_probe_port_stays_alive_and_resets_clients_that_never_read() {
     // would let the server make progress again.
     let deadline = started + WRITE_TIMEOUT + Duration::from_secs(25);
     for (i, s) in stalled.iter().enumerate() {
-        let reset = loop {
-            match s.take_error() {
-                Ok(Some(e)) => break e.kind() == std::io::ErrorKind::ConnectionReset,
-                Ok(None) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                _ => break false,
-            }
-        };
+        let reset = reset_within(s, deadline.saturating_duration_since(Instant::now())).await;
         assert!(
             reset,
             "stalled client {i} not reset {:?} after the stall began",
