@@ -332,6 +332,13 @@ source = "none"
             let e = parse_err(&format!("[cache]\n{key} = \"366days\"\n"));
             assert!(e.contains(&format!("cache.{key}")), "{key}: {e}");
         }
+        // A year itself is taken.
+        let c = parse(
+            "[cache]\nfallback_ttl = \"1year\"\nmax_refresh = \"1year\"\n",
+            &Providers::from_env().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(c.cache.fallback_ttl, crate::broker::cache::MAX_SETTING);
         let e = parse_err(
             "[[rule]]\nmatch = \"a.example.com\"\nsource = \"static\"\noptions = { region = \"x\" }\n",
         );

@@ -999,6 +999,26 @@ mod tests {
     }
 
     #[test]
+    fn a_record_within_five_minutes_past_the_horizon_is_believed() {
+        // A record written just before this clock stepped back by up to five minutes.
+        use serde_json::json;
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path(), clock()).unwrap();
+        let k = key("s");
+        cache.store(&k, &entry("pw"));
+        let path = cache.path(&k);
+        let valid: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        // 4 minutes past, and exactly the 5 minutes.
+        for past in [4 * 60, 5 * 60] {
+            let ahead = secs(t0()) + 12 * 3600 + past;
+            std::fs::write(&path, edited(&valid, "expires_at", Some(&json!(ahead)))).unwrap();
+            let got = cache.read(&k).unwrap().expect("within the slack: read");
+            assert_eq!(got.credential.expires_at(), time(ahead));
+        }
+    }
+
+    #[test]
     fn a_record_with_a_bad_field_is_ignored_never_a_panic() {
         use serde_json::{Value, json};
         let dir = tempfile::tempdir().unwrap();
@@ -1048,6 +1068,12 @@ mod tests {
                 "refresh_at",
                 Some(json!(t + 3001)),
                 "`refresh_at` is after `stale_at`",
+            ),
+            // Past the 12 h horizon plus the five minutes' slack for a clock step.
+            (
+                "expires_at",
+                Some(json!(t + 12 * 3600 + 6 * 60)),
+                "`expires_at` is more than 12h ahead",
             ),
             ("secret", Some(json!("")), "`secret` is empty"),
             (
@@ -1273,6 +1299,38 @@ mod tests {
     }
 
     #[test]
+    fn a_sweep_counts_what_it_deleted_and_why() {
+        // The counts feed the "Swept disk cache" log line.
+        let dir = tempfile::tempdir().unwrap();
+        let (clock, now) = fs_clock(dir.path());
+        let cache = DiskCache::open(dir.path(), clock).unwrap();
+        for i in 0..3 {
+            let k = key(&format!("gone-{i}"));
+            plant(&cache, &k, &entry_at(now - 2 * HOUR), now - 2 * HOUR);
+        }
+        plant(&cache, &key("live"), &entry_at(now - MINUTE), now - MINUTE);
+        for name in [".tmpAbC123", ".tmpDeF456"] {
+            let p = dir.path().join(name);
+            std::fs::write(&p, "{").unwrap();
+            touch(&p, now - HOUR);
+        }
+        assert_eq!(
+            cache.sweep().unwrap(),
+            Swept {
+                expired: 3,
+                abandoned: 2,
+                evicted: 0
+            }
+        );
+        assert_eq!(names_in(dir.path()).len(), 1);
+        assert_eq!(
+            cache.sweep().unwrap(),
+            Swept::default(),
+            "nothing left to do"
+        );
+    }
+
+    #[test]
     fn one_store_removes_at_most_a_sample_and_repeated_stores_remove_all() {
         let dir = tempfile::tempdir().unwrap();
         let (clock, now) = fs_clock(dir.path());
@@ -1392,8 +1450,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (clock, now) = fs_clock(dir.path());
         let cache = DiskCache::open(dir.path(), clock).unwrap();
-        let old = now - ABANDONED_AFTER - MINUTE;
-        let recent = now - ABANDONED_AFTER + MINUTE;
+        // The README's 10 minutes, as numbers: 11 minutes old is abandoned, 9 is not.
+        let old = now - 11 * MINUTE;
+        let recent = now - 9 * MINUTE;
         let file = |name: &str, text: &str, modified| {
             let p = dir.path().join(name);
             std::fs::write(&p, text).unwrap();

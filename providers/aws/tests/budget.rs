@@ -31,18 +31,26 @@ const ACCOUNT: &str = "111111111111";
 /// fetched at once, as after a restart; returns the time until the last one had its
 /// credential.
 async fn restart(n: usize) -> (Duration, Arc<Fake>) {
-    restart_in(&[ACCOUNT], n, None).await
+    restart_in(&[ACCOUNT], n, None, None).await
 }
 
-/// [`restart`] with `n` identities in each of `accounts`, and the STS budget `sts` (else
-/// the default).
-async fn restart_in(accounts: &[&str], n: usize, sts: Option<Rate>) -> (Duration, Arc<Fake>) {
+/// [`restart`] with `n` identities in each of `accounts`, and the STS and ECR budgets
+/// `sts` and `ecr` (else the defaults).
+async fn restart_in(
+    accounts: &[&str],
+    n: usize,
+    sts: Option<Rate>,
+    ecr: Option<Rate>,
+) -> (Duration, Arc<Fake>) {
     let (fake, url, _task) = start().await;
     // The SDK's own retries stay on (3 attempts): a throttled call would be retried and
     // succeed, so the test counts throttled answers, not failures.
     let mut builder = AwsProvider::builder();
     if let Some(r) = sts {
         builder = builder.sts_rate(r);
+    }
+    if let Some(r) = ecr {
+        builder = builder.ecr_rate(r);
     }
     let provider = Arc::new(
         builder
@@ -112,14 +120,19 @@ async fn restart_with_many_identities_is_never_throttled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_caller_account_has_a_budget_of_its_own() {
     // 170 identities in each of two accounts: within each account's burst, so neither
-    // waits for the other (one shared budget would make the second half wait 8 s).
-    // STS's own budget (50 per second, burst 100, per region) is not under test here.
+    // waits for the other. The ECR budget here sustains 1 call per second (burst 200,
+    // less a tenth kept back: 180 at once): one budget shared by both accounts would make
+    // the last 160 calls wait 160 s, so the bound below tells the two apart even on a
+    // machine loaded enough to take several seconds over 340 calls (at ECR's own 20 per
+    // second a shared budget cost only 8 s, and a busy CI machine once took 7.4 s
+    // without one). STS's own budget is not under test here.
     let sts = Rate::new(10_000.0, 10_000);
-    let (took, fake) = restart_in(&["111111111111", "222222222222"], 170, sts).await;
+    let ecr = Rate::new(1.0, 200);
+    let (took, fake) = restart_in(&["111111111111", "222222222222"], 170, sts, ecr).await;
     let c = fake.counts.lock().unwrap();
     assert_eq!(c.throttled, 0);
     assert_eq!(c.ecr_ok, 340);
-    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(took < Duration::from_secs(60), "took {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
