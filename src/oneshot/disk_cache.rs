@@ -1299,6 +1299,41 @@ mod tests {
     }
 
     #[test]
+    fn a_file_replaced_or_removed_since_it_was_examined_is_not_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        std::fs::write(&path, "examined").unwrap();
+        let examined = std::fs::symlink_metadata(&path).unwrap();
+        // A writer renamed a new version over it meanwhile: that one stays.
+        let newer = dir.path().join(".tmpAbC123");
+        std::fs::write(&newer, "written since").unwrap();
+        std::fs::rename(&newer, &path).unwrap();
+        assert!(!remove_if_same(&path, &examined).unwrap());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "written since");
+        // The very file examined is deleted.
+        let current = std::fs::symlink_metadata(&path).unwrap();
+        assert!(remove_if_same(&path, &current).unwrap());
+        assert!(!path.exists());
+        // Gone meanwhile (another sweep): nothing to do, not an error.
+        assert!(!remove_if_same(&path, &current).unwrap());
+        // Any other failure to look is an error.
+        let under_a_file = dir.path().join("f");
+        std::fs::write(&under_a_file, "").unwrap();
+        assert!(remove_if_same(&under_a_file.join("x"), &current).is_err());
+    }
+
+    #[test]
+    fn an_empty_record_file_is_invalid_not_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path(), clock()).unwrap();
+        let k = key("s");
+        std::fs::write(cache.path(&k), "").unwrap();
+        let e = cache.read(&k).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        assert!(cache.load(&k).is_none());
+    }
+
+    #[test]
     fn a_sweep_counts_what_it_deleted_and_why() {
         // The counts feed the "Swept disk cache" log line.
         let dir = tempfile::tempdir().unwrap();
