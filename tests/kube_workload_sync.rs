@@ -342,3 +342,42 @@ async fn service_account_tokens_have_the_clouds_audience_and_are_reused_while_yo
     assert_eq!(e.kind(), regbroker_provider::ErrorKind::IdentityMissing);
     assert!(e.message().contains("nobody"), "{e}");
 }
+
+#[tokio::test]
+#[ignore = "needs moto_server, etcd, kube-apiserver, kubectl from scripts/peers.sh; run scripts/test.sh"]
+async fn a_token_no_secret_asks_for_any_more_is_forgotten_after_the_pass() {
+    // Issue 30, finding 5: a recreated ServiceAccount (a new UID) is a new token key; the
+    // old key's token is no one's after the next pass and must not stay in memory.
+    let cp = ControlPlane::shared();
+    let a = cp.namespace("team-a").await;
+    let regbroker = cp.namespace("regbroker").await;
+    service_account(cp, &a, &[("eks.amazonaws.com/role-arn", ROLE_A)]).await;
+    tenant_rbac(cp, &a, &regbroker);
+    let moto = moto();
+    let client = cp.service_account_client(&regbroker, "regbroker").await;
+    let config = Config {
+        entries: vec![entry(&a, &[HOST])],
+        ..Default::default()
+    };
+    let metrics = Arc::new(Metrics::new());
+    let mut sync = SecretSync::start(broker(&moto, metrics), config, client).await;
+    assert_eq!(sync.kept_tokens().await, 1);
+    for round in 0..3 {
+        Api::<ServiceAccount>::namespaced(cp.admin(), &a)
+            .delete("puller", &Default::default())
+            .await
+            .unwrap();
+        service_account(cp, &a, &[("eks.amazonaws.com/role-arn", ROLE_A)]).await;
+        sync.refresh().await;
+        assert_eq!(
+            auths(cp, &a).await,
+            BTreeMap::from([(HOST.to_string(), "111111111111-auth-token".to_string())]),
+            "round {round}: the Secret is still written with the tenant's own identity"
+        );
+        assert_eq!(
+            sync.kept_tokens().await,
+            1,
+            "round {round}: only the current ServiceAccount's token is kept"
+        );
+    }
+}

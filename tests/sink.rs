@@ -75,11 +75,14 @@ async fn sink_writes_static_rule_and_named_registries_and_refreshes_before_expir
     );
 
     // Before the refresh point the file keeps its credentials; after it, they are replaced.
-    srv.clock.advance(Duration::from_secs(700));
+    // The cache moves each refresh point earlier by a random part, up to a tenth of the
+    // time until it (`refresh_jitter`): 776 s may be as early as 698.4 s, so "before" is
+    // 650 s (700 s failed about one run in 25).
+    srv.clock.advance(Duration::from_secs(650));
     sink.refresh().await;
     assert_eq!(auth_of(&path, "proxy.example.com").unwrap(), proxy);
     assert_eq!(srv.fake.calls(), 2);
-    srv.clock.advance(Duration::from_secs(100)); // 800 s > 776 s
+    srv.clock.advance(Duration::from_secs(150)); // 800 s > 776 s
     sink.refresh().await;
     assert_ne!(
         auth_of(&path, "proxy.example.com").unwrap(),
