@@ -1485,7 +1485,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (clock, now) = fs_clock(dir.path());
         let cache = DiskCache::open(dir.path(), clock).unwrap();
-        // The README's 10 minutes, as numbers: 11 minutes old is abandoned, 9 is not.
+        // The book's 10 minutes (docs/src/protocols.md), as numbers: 11 minutes old is abandoned, 9 is not.
         let old = now - 11 * MINUTE;
         let recent = now - 9 * MINUTE;
         let file = |name: &str, text: &str, modified| {
