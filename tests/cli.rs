@@ -290,6 +290,24 @@ fn serve_readme_example_answers_and_stops_on_sigterm() {
     assert!(rest.iter().any(|l| l.contains("Stopped")), "{rest:?}");
 }
 
+/// The quick start, in the README and in the book, shows the run command and the curl the
+/// test above runs: change them together.
+#[test]
+fn the_quick_start_shows_the_command_and_the_curl_that_are_tested() {
+    let run = "cargo run -- serve --config examples/regbroker.toml --docker-config examples/dockerconfig.json";
+    let curl = "curl -s 'http://127.0.0.1:8477/v1/credentials?registry=registry.example.com'";
+    for doc in ["README.md", "docs/src/quick-start.md"] {
+        let path = format!("{}/{doc}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        for line in [run, curl] {
+            assert!(
+                text.lines().any(|l| l.trim() == line),
+                "{doc} no longer shows `{line}`: keep it as serve_readme_example_answers_and_stops_on_sigterm runs it"
+            );
+        }
+    }
+}
+
 #[test]
 fn unix_socket_listener_has_mode_0600() {
     use std::os::unix::fs::PermissionsExt;
