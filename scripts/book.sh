@@ -2,9 +2,9 @@
 # Builds the book (docs/ -> docs/book/) with mdBook and checks its internal links and
 # anchors, and README.md's links into it (scripts/book_links.py). Fails on a broken link.
 #
-# mdBook is installed from crates.io (`cargo install --locked`) into a cache keyed by its
-# version, like scripts/peers.sh's Go peers:
-#   ${REGBROKER_TOOLS_DIR:-$HOME/.cache/regbroker-tools}/mdbook-$MDBOOK_VERSION/bin/mdbook
+# mdBook is installed from crates.io (`cargo install --locked`) into scripts/peers.sh's
+# cache, keyed by its version like the Go peers:
+#   ${REGBROKER_PEERS_DIR:-$HOME/.cache/regbroker-peers}/mdbook-$MDBOOK_VERSION/bin/mdbook
 # The first build takes a few minutes (without mdBook's `serve` and `watch` features,
 # which only `mdbook serve` needs); later runs build nothing. MDBOOK=/path/to/mdbook uses
 # that binary instead.
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 MDBOOK_VERSION=0.5.4
-tools=${REGBROKER_TOOLS_DIR:-$HOME/.cache/regbroker-tools}
+tools=${REGBROKER_PEERS_DIR:-$HOME/.cache/regbroker-peers}
 root=$tools/mdbook-$MDBOOK_VERSION
 
 if [[ -z ${MDBOOK:-} ]]; then
