@@ -21,7 +21,8 @@ and checks what a user would otherwise find out from a refused token or a 401:
   its audience api://AzureADTokenExchange; the GCP members name that ServiceAccount;
 - the ServiceAccount documents are that ServiceAccount, with the annotation of their way;
 - the Flux sources are in the Secret's namespace and name that Secret in secretRef;
-- the AKS pod label the guides tell users to uncomment is where the webhook reads it;
+- the AKS guide's sed that uncomments the pod label, run on the shipped files, puts it
+  where the webhook reads it (the pod template) and changes nothing else;
 - the guides include only files that exist, every file here is included, every variable a
   file uses is set by the guide (or the shape), and every ServiceAccount a guide names
   (in `system:serviceaccount:`, `svc.id.goog[NS/SA]`, `/ns/NS/sa/SA`) is a shipped one.
@@ -127,7 +128,7 @@ def shipped_shapes():
     }
 
 
-def check_shape(shape, env, dep, sa):
+def check_shape(shape, env, dep, sa, sed):
     where = f"deploy/clouds/shape-{shape}.env"
     ns = dep["metadata"]["namespace"]
     pod_sa = dep["spec"]["template"]["spec"].get("serviceAccountName", "default")
@@ -152,7 +153,10 @@ def check_shape(shape, env, dep, sa):
         n = dep_file.read_text().count("- --sink-registry=")
         if n != 1:
             fail(f"{dep_file.relative_to(ROOT)}: the guides' sed expects one `- --sink-registry=` line, found {n}")
-        check_azure_label(dep_file)
+        n = dep_file.read_text().count("image: ghcr.io/regbroker/regbroker:")
+        if n != 1:
+            fail(f"{dep_file.relative_to(ROOT)}: the guides' sed expects one `image: ghcr.io/regbroker/regbroker:` line, found {n}")
+        check_azure_label(dep_file, sed)
     sa_file = SHAPES[shape] / env.get("SERVICE_ACCOUNT_FILE", "?")
     objs = docs(sa_file) if sa_file.is_file() else []
     if [(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in objs] != [
@@ -161,28 +165,49 @@ def check_shape(shape, env, dep, sa):
              " (the guides replace that file)")
 
 
-def check_azure_label(path):
-    """The guides tell AKS users to uncomment the pod label: it must land in the pod template."""
-    lines = path.read_text().splitlines()
-    idx = [i for i, l in enumerate(lines) if re.fullmatch(rf'\s*#\s*{AZURE_LABEL}: "true"', l)]
-    if len(idx) != 1:
-        fail(f"{path.relative_to(ROOT)}: expected one commented `# {AZURE_LABEL}: \"true\"` line"
-             " (the AKS guide tells users to uncomment it), found {len(idx)}")
+# The AKS guide uncomments the pod label with `sed -i -E 's,PATTERN,REPLACEMENT,' "$DEPLOYMENT_FILE"`.
+AKS_SED = re.compile(r"sed -i -E 's,([^,]+),([^,]+),' \"\$DEPLOYMENT_FILE\"")
+
+
+def aks_label_sed():
+    """The AKS guide's sed that uncomments the pod label, as (pattern, replacement)."""
+    page = GUIDES / "aks.md"
+    found = AKS_SED.findall(page.read_text()) if page.is_file() else []
+    if len(found) != 1:
+        fail(f"docs/src/guides/aks.md: expected one `sed -i -E 's,...,...,' \"$DEPLOYMENT_FILE\"` that"
+             f" uncomments the pod label {AZURE_LABEL}, found {len(found)}")
+        return None
+    pattern, repl = found[0]
+    return re.compile(pattern), repl
+
+
+def check_azure_label(path, sed):
+    """The AKS guide's sed, run on the shipped file, puts the label in the pod template."""
+    if sed is None:
         return
-    i = idx[0]
-    lines[i] = lines[i].replace("# ", "", 1)
-    j = i - 1
-    while j >= 0 and re.fullmatch(r"\s*#\s*(metadata|labels):\s*", lines[j]):
-        lines[j] = lines[j].replace("# ", "", 1)
-        j -= 1
+    pattern, repl = sed
+    text = path.read_text()
+    lines = text.splitlines()
+    edited = [pattern.sub(repl, l) for l in lines]
+    if edited == lines:
+        fail(f"{path.relative_to(ROOT)}: the AKS guide's sed changes nothing (no commented {AZURE_LABEL} label)")
+        return
     try:
-        (obj,) = [d for d in yaml.safe_load_all("\n".join(lines)) if d]
-    except yaml.YAMLError as e:
-        fail(f"{path.relative_to(ROOT)}: with the AKS pod label uncommented it is not YAML: {e}")
+        (obj,) = [d for d in yaml.safe_load_all("\n".join(edited)) if d]
+    except (yaml.YAMLError, ValueError) as e:
+        fail(f"{path.relative_to(ROOT)}: after the AKS guide's sed it is not one YAML object: {e}")
         return
+    before = [d for d in yaml.safe_load_all(text) if d][0]
     labels = obj["spec"]["template"].get("metadata", {}).get("labels", {})
     if labels.get(AZURE_LABEL) != "true":
-        fail(f"{path.relative_to(ROOT)}: uncommented, {AZURE_LABEL} is not a pod template label")
+        fail(f"{path.relative_to(ROOT)}: after the AKS guide's sed, {AZURE_LABEL} is not a pod template label")
+    obj["spec"]["template"]["metadata"]["labels"].pop(AZURE_LABEL, None)
+    if not obj["spec"]["template"]["metadata"]["labels"]:
+        obj["spec"]["template"]["metadata"].pop("labels")
+    if not obj["spec"]["template"]["metadata"]:
+        obj["spec"]["template"].pop("metadata")
+    if obj != before:
+        fail(f"{path.relative_to(ROOT)}: the AKS guide's sed changes more than the pod label")
 
 
 def statements(policy, where):
@@ -389,13 +414,14 @@ def main():
     shapes = shipped_shapes()
     envs = {}
     shipped_sas = set()
+    sed = aks_label_sed()
     for shape, (dep, sa) in shapes.items():
         env = read_env(CLOUDS / f"shape-{shape}.env")
         envs[shape] = env
         shipped_sas.add((dep["metadata"]["namespace"], dep["spec"]["template"]["spec"]["serviceAccountName"]))
         print(f"  shape {shape}: {env.get('NAMESPACE')}/{env.get('SERVICE_ACCOUNT')},"
               f" Secret {env.get('SECRET_NAMESPACE')}/{env.get('SECRET_NAME')}")
-        check_shape(shape, env, dep, sa)
+        check_shape(shape, env, dep, sa, sed)
         if failures:
             continue
         subject = f"system:serviceaccount:{env['NAMESPACE']}:{env['SERVICE_ACCOUNT']}"
