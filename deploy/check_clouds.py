@@ -23,8 +23,9 @@ and checks what a user would otherwise find out from a refused token or a 401:
 - the Flux sources are in the Secret's namespace and name that Secret in secretRef;
 - the AKS guide's sed that uncomments the pod label, run on the shipped files, puts it
   where the webhook reads it (the pod template) and changes nothing else;
-- the guides include only files that exist, every file here is included, every variable a
-  file uses is set by the guide (or the shape), and every ServiceAccount a guide names
+- the guides include only files that exist, every file here is included (written through
+  a heredoc, whose text must hold nothing the shell would expand but `${NAME}`), every
+  variable a file uses is set by the guide (or the shape), and every ServiceAccount a guide names
   (in `system:serviceaccount:`, `svc.id.goog[NS/SA]`, `/ns/NS/sa/SA`) is a shipped one.
 
 tests/kube_deploy.rs also passes the rendered Flux sources and ServiceAccounts through a
@@ -355,6 +356,10 @@ SA_MENTIONS = [
 ]
 ASSIGNMENT = re.compile(r"^\s*(?:export\s+)?([A-Z_][A-Z0-9_]*)=", re.M)
 INCLUDE = re.compile(r"\{\{#include ([^}\s]+)\}\}")
+# A file pasted into a shell heredoc (`cat > FILE <<EOF`, the include, `EOF`): the shell
+# expands `${NAME}` in it, and would also run `$(...)` and backticks and eat backslashes.
+HEREDOC_INCLUDE = re.compile(r"<<EOF\n\{\{#include ([^}\s]+)\}\}\nEOF\n")
+SHELL_SPECIAL = re.compile(r"`|\\|\$(?!\{[A-Za-z_][A-Za-z0-9_]*\})")
 
 
 def norm(s):
@@ -367,6 +372,7 @@ def check_guides(shipped_sas, shape_envs):
     if [p.name for p in pages] != ["aks.md", "eks.md", "gke.md"]:
         fail(f"docs/src/guides/: expected aks.md, eks.md and gke.md, found {[p.name for p in pages]}")
     included = set()
+    heredoc = set()
     shape_vars = set().union(*shape_envs.values())
     placeholders = {f"${{{k}}}" for k in shape_vars} | {"${NAMESPACE}", "${SERVICE_ACCOUNT}"}
     gcp_members = set()
@@ -391,6 +397,14 @@ def check_guides(shipped_sas, shape_envs):
                 unset = sorted(used - assigned - shape_vars)
                 if unset:
                     fail(f"{rel}: includes {target.relative_to(ROOT)}, whose {unset} the page never sets")
+        for inc in HEREDOC_INCLUDE.findall(text):
+            target = (page.parent / inc).resolve()
+            if target.is_file():
+                heredoc.add(target)
+                for n, line in enumerate(target.read_text().splitlines(), 1):
+                    if SHELL_SPECIAL.search(line):
+                        fail(f"{target.relative_to(ROOT)}:{n}: {rel} pastes it into a heredoc, where the"
+                             f" shell would expand or drop part of {line.strip()!r}")
         for pattern in SA_MENTIONS:
             for m in pattern.finditer(text):
                 ns, sa = m[1], m[2].rstrip(".,;)")
@@ -408,6 +422,10 @@ def check_guides(shipped_sas, shape_envs):
     for f in sorted(CLOUDS.rglob("*")):
         if f.is_file() and f.resolve() not in included:
             fail(f"{f.relative_to(ROOT)}: no guide includes it")
+        # Everything but the shape files and the bindings (shown for reference) is written
+        # by the user through a heredoc.
+        elif f.is_file() and f.suffix != ".env" and f.name != "bindings.yaml" and f.resolve() not in heredoc:
+            fail(f"{f.relative_to(ROOT)}: no guide writes it with `cat > FILE <<EOF`")
 
 
 def main():
