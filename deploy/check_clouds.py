@@ -25,7 +25,8 @@ and checks what a user would otherwise find out from a refused token or a 401:
   where the webhook reads it (the pod template) and changes nothing else;
 - the guides include only files that exist, every file here is included (written through
   a heredoc, whose text must hold nothing the shell would expand but `${NAME}`), every
-  variable a file uses is set by the guide (or the shape), and every ServiceAccount a guide names
+  variable a file uses is set by the guide (or the shape), every shell block parses
+  (`bash -n`, includes filled in), and every ServiceAccount a guide names
   (in `system:serviceaccount:`, `svc.id.goog[NS/SA]`, `/ns/NS/sa/SA`) is a shipped one.
 
 tests/kube_deploy.rs also passes the rendered Flux sources and ServiceAccounts through a
@@ -35,6 +36,7 @@ server-side dry run on a real kube-apiserver with Flux's CRDs.
 import json
 import pathlib
 import re
+import subprocess
 import sys
 
 import yaml
@@ -405,6 +407,13 @@ def check_guides(shipped_sas, shape_envs):
                     if SHELL_SPECIAL.search(line):
                         fail(f"{target.relative_to(ROOT)}:{n}: {rel} pastes it into a heredoc, where the"
                              f" shell would expand or drop part of {line.strip()!r}")
+        # Every shell block, with its includes filled in as mdBook does, parses.
+        expanded = INCLUDE.sub(lambda m: (page.parent / m[1]).read_text().rstrip("\n")
+                               if (page.parent / m[1]).is_file() else m[0], text)
+        for n, block in enumerate(re.findall(r"^```bash\n(.*?)^```$", expanded, re.M | re.S), 1):
+            r = subprocess.run(["bash", "-n"], input=block, text=True, capture_output=True)
+            if r.returncode != 0:
+                fail(f"{rel}: bash block {n} does not parse: {r.stderr.strip()}")
         for pattern in SA_MENTIONS:
             for m in pattern.finditer(text):
                 ns, sa = m[1], m[2].rstrip(".,;)")
