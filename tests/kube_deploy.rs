@@ -3,6 +3,9 @@
 //! (`kubectl kustomize`) and every rendering of the Helm chart (`helm template` with its
 //! defaults, each `ci/` values file, and the sidecar shape). The API server applies its
 //! own validation, defaulting and admission, which no offline schema check reproduces.
+//! The per-cloud guides' Kubernetes documents (`deploy/clouds/`: the Flux sources and the
+//! ServiceAccounts), rendered for each shape as the guides' heredocs render them, get the
+//! same dry run; deploy/check_clouds.py checks what they name against the manifests.
 //!
 //! Needs kube-apiserver, etcd, kubectl, helm and the source-controller CRDs from
 //! scripts/peers.sh: ignored by plain `cargo test`, run by scripts/test.sh.
@@ -65,11 +68,9 @@ fn dry_run(cp: &ControlPlane, what: &str, yaml: &str) -> usize {
     accepted
 }
 
-#[test]
-#[ignore = "needs etcd, kube-apiserver, kubectl, helm and Flux's CRDs from scripts/peers.sh; run scripts/test.sh"]
-fn every_manifest_and_chart_rendering_passes_a_server_side_dry_run() {
-    let cp = ControlPlane::shared();
-    // Flux's CRDs, from the source-controller module scripts/peers.sh built.
+/// Flux's CRDs, from the source-controller module scripts/peers.sh built, installed and
+/// established (server-side apply: every test of this binary may call it).
+fn install_flux_crds(cp: &ControlPlane) {
     let crds = cp.peers.get("source-controller-crds").to_path_buf();
     let (ok, _, err) = cp.kubectl(
         &[
@@ -88,14 +89,22 @@ fn every_manifest_and_chart_rendering_passes_a_server_side_dry_run() {
             "--for=condition=Established",
             "--timeout=60s",
             "crd/helmrepositories.source.toolkit.fluxcd.io",
+            "crd/helmcharts.source.toolkit.fluxcd.io",
             "crd/ocirepositories.source.toolkit.fluxcd.io",
         ],
         "",
     );
     assert!(ok, "Flux's CRDs not established: {err}");
+}
+
+#[test]
+#[ignore = "needs etcd, kube-apiserver, kubectl, helm and Flux's CRDs from scripts/peers.sh; run scripts/test.sh"]
+fn every_manifest_and_chart_rendering_passes_a_server_side_dry_run() {
+    let cp = ControlPlane::shared();
+    install_flux_crds(cp);
     // deploy/standalone's consumer namespace, which its README says must exist.
     let (ok, _, err) = cp.kubectl(&["create", "namespace", "apps"], "");
-    assert!(ok, "{err}");
+    assert!(ok || err.contains("AlreadyExists"), "{err}");
 
     let kubectl = cp.peers.get("kubectl").to_path_buf();
     let mut accepted = 0;
@@ -169,4 +178,74 @@ fn every_manifest_and_chart_rendering_passes_a_server_side_dry_run() {
         accepted += dry_run(cp, what, &rendered);
     }
     eprintln!("server-side dry run accepted {accepted} objects");
+}
+
+/// `export NAME=value` lines of a `deploy/clouds/shape-*.env` file.
+fn shape_env(shape: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(deploy().join(format!("clouds/shape-{shape}.env"))).unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("export "))
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap();
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+/// `text` with every `${NAME}` replaced, as a shell heredoc would; panics on one left over.
+fn render(what: &str, text: &str, values: &[(String, String)]) -> String {
+    let mut out = text.to_string();
+    for (k, v) in values {
+        out = out.replace(&format!("${{{k}}}"), v);
+    }
+    assert!(
+        !out.contains("${"),
+        "{what}: a placeholder has no value here:\n{out}"
+    );
+    out
+}
+
+#[test]
+#[ignore = "needs etcd, kube-apiserver, kubectl and Flux's CRDs from scripts/peers.sh; run scripts/test.sh"]
+fn cloud_guides_flux_sources_and_service_accounts_pass_a_server_side_dry_run() {
+    let cp = ControlPlane::shared();
+    install_flux_crds(cp);
+    // What the guides' variables would hold (deploy/check_clouds.py has the same examples).
+    let examples = [
+        ("ACCOUNT_ID", "123456789012"),
+        ("ROLE_NAME", "regbroker-ecr-pull"),
+        ("REGISTRY", "123456789012.dkr.ecr.eu-west-1.amazonaws.com"),
+        ("REPOSITORY_PREFIX", "flux"),
+        ("IDENTITY_CLIENT_ID", "22222222-2222-2222-2222-222222222222"),
+        ("PROJECT_ID", "my-project"),
+        ("GSA_NAME", "regbroker"),
+    ];
+    let documents = [
+        "flux-sources.yaml",
+        "aws/serviceaccount-irsa.yaml",
+        "aws/serviceaccount-pod-identity.yaml",
+        "azure/serviceaccount.yaml",
+        "gcp/serviceaccount-direct.yaml",
+        "gcp/serviceaccount-impersonation.yaml",
+    ];
+    let mut accepted = 0;
+    for shape in ["sidecar", "standalone"] {
+        let mut values = shape_env(shape);
+        assert!(
+            values.iter().any(|(k, _)| k == "SECRET_NAME"),
+            "{shape}: {values:?}"
+        );
+        values.extend(examples.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        for doc in documents {
+            let what = format!("deploy/clouds/{doc} ({shape})");
+            let text = std::fs::read_to_string(deploy().join("clouds").join(doc)).unwrap();
+            let yaml = render(&what, &text, &values);
+            let n = dry_run(cp, &what, &yaml);
+            if doc == "flux-sources.yaml" {
+                assert_eq!(n, 3, "{what}: HelmRepository, HelmChart and OCIRepository");
+            }
+            accepted += n;
+        }
+    }
+    eprintln!("server-side dry run accepted {accepted} objects of the cloud guides");
 }
