@@ -190,6 +190,16 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
             extra: args.sink_registry.clone(),
             entries,
         };
+        // Each Secret is known (pending) before readiness flips, so a readiness that
+        // requires the sinks never answers 200 before the first pass has run.
+        let names = config
+            .secrets
+            .iter()
+            .chain(config.entries.iter().map(|e| &e.secret));
+        for secret in names {
+            core.metrics
+                .sink_registered(&secret.sink_name(), crate::sinks::status::Kind::Secret);
+        }
         // The first pass runs in the task too: a slow API server must not delay serving.
         let broker = core.broker.clone();
         if args.leader.enabled() {
