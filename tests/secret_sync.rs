@@ -432,17 +432,7 @@ async fn serve_syncs_the_secret_and_keeps_serving_through_api_errors() {
     )
     .unwrap();
     // The binary finds the API server the way it would outside a pod: a kubeconfig.
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
-             users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
-             current-context: fake\n",
-            api.url
-        ),
-    )
-    .unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
     let mut proc = ServeProcess::start(
         &[
             "--docker-config",
