@@ -119,6 +119,18 @@ def check_hardening(obj, where):
                 fail(f"{name}: the credential endpoint must stay on loopback")
 
 
+def check_sidecar_readiness(obj, name):
+    """The sidecar's readiness is its host pod's: never tied to the sinks (a cloud outage
+    would take source-controller's artifact server out of its Service)."""
+    for c in obj["spec"]["template"]["spec"]["containers"]:
+        for a in c.get("args", []):
+            if a.split("=", 1)[0] == "--ready-requires-sinks":
+                fail(f"{name}: the sidecar must not set --ready-requires-sinks")
+        for e in c.get("env", []):
+            if e.get("name") == "REGBROKER_READY_REQUIRES_SINKS":
+                fail(f"{name}: the sidecar must not set REGBROKER_READY_REQUIRES_SINKS")
+
+
 def sync_secrets(obj):
     out = []
     for c in obj["spec"]["template"]["spec"]["containers"]:
@@ -395,6 +407,7 @@ def main():
         to_validate.append(f)
         base[patch["kind"]] = merged
     check_hardening(base["Deployment"], "flux/source-controller-patch.yaml (merged)")
+    check_sidecar_readiness(base["Deployment"], "flux/source-controller-patch.yaml (merged)")
     flux_secrets = sync_secrets(base["Deployment"])
 
     stand_in = {d["kind"]: d for d in docs(testdata / "source-controller.yaml")}

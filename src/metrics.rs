@@ -1,6 +1,7 @@
-//! Prometheus metrics. Labels hold only route templates, status codes, provider names
-//! and outcome words: never a registry secret, and never a raw path or registry name
-//! (unbounded cardinality).
+//! Prometheus metrics. Labels hold only route templates, status codes, provider names,
+//! outcome words and the names of the configured sinks (`docker-config`,
+//! `secret/NAMESPACE/NAME`): never a registry secret, and never a raw path or registry
+//! name (unbounded cardinality).
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -29,6 +30,11 @@ struct UpstreamLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProviderLabels {
     provider: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SinkLabels {
+    sink: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -67,6 +73,11 @@ pub struct Metrics {
     /// 1 while this replica holds the leader election Lease (`serve --leader-elect`).
     leader: Gauge,
     leader_transitions: Family<TransitionLabels, Counter>,
+    /// Each sink's record since start, for `/readyz?verbose` and `GET /v1/providers`.
+    pub sinks: crate::sinks::status::Sinks,
+    sink_last_success: Family<SinkLabels, Gauge>,
+    sink_never_written: Family<SinkLabels, Gauge>,
+    sink_failed_registries: Family<SinkLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -148,6 +159,24 @@ impl Metrics {
             "Times this replica started (to=leader) or stopped (to=follower) leading",
             leader_transitions.clone(),
         );
+        let sink_last_success = Family::<SinkLabels, Gauge>::default();
+        registry.register(
+            "sink_last_success_timestamp_seconds",
+            "Unix time a pass last fetched every registry of the sink and wrote it; 0 until then",
+            sink_last_success.clone(),
+        );
+        let sink_never_written = Family::<SinkLabels, Gauge>::default();
+        registry.register(
+            "sink_never_written",
+            "1 while this replica should write the sink and no pass has written every registry of it since start, else 0 (also 0 on a replica that does not lead)",
+            sink_never_written.clone(),
+        );
+        let sink_failed_registries = Family::<SinkLabels, Gauge>::default();
+        registry.register(
+            "sink_failed_registries",
+            "Registries of the sink whose fetch failed in its last pass",
+            sink_failed_registries.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -162,7 +191,54 @@ impl Metrics {
             last_fetches: Default::default(),
             leader,
             leader_transitions,
+            sinks: Default::default(),
+            sink_last_success,
+            sink_never_written,
+            sink_failed_registries,
         }
+    }
+
+    /// Registers a sink (pending: never written), so it is reported before its first
+    /// pass finishes.
+    pub fn sink_registered(&self, name: &str, kind: crate::sinks::status::Kind) {
+        self.publish_sink(&self.sinks.register(name, kind));
+    }
+
+    /// Records a sink's pass that finished at `at` (broker clock).
+    pub fn sink_pass(
+        &self,
+        name: &str,
+        kind: crate::sinks::status::Kind,
+        pass: crate::sinks::status::Pass,
+        at: std::time::SystemTime,
+    ) {
+        self.publish_sink(&self.sinks.record(name, kind, pass, at));
+    }
+
+    fn publish_sink(&self, s: &crate::sinks::status::SinkStatus) {
+        use crate::sinks::status::State;
+        let labels = SinkLabels {
+            sink: s.name.clone(),
+        };
+        let unix = |t: std::time::SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+        };
+        self.sink_last_success
+            .get_or_create(&labels)
+            .set(s.last_success.map_or(0, unix));
+        let state = s.state();
+        self.sink_never_written
+            .get_or_create(&labels)
+            .set(i64::from(!state.passes()));
+        let failed = if state == State::Standby {
+            0
+        } else {
+            s.failed().count()
+        };
+        self.sink_failed_registries
+            .get_or_create(&labels)
+            .set(i64::try_from(failed).unwrap_or(i64::MAX));
     }
 
     /// Records that this replica started (`leading`) or stopped leading.

@@ -512,6 +512,11 @@ impl Cluster {
 
     /// Starts replica `replica-N` through a proxy of its own.
     async fn replica(&mut self) -> Replica {
+        self.replica_with(&[]).await
+    }
+
+    /// Starts replica `replica-N` through a proxy of its own, with `extra` flags.
+    async fn replica_with(&mut self, extra: &[&str]) -> Replica {
         let name = format!("replica-{}", self.next_name);
         self.next_name += 1;
         let proxy = Proxy::start(self.upstream).await;
@@ -532,7 +537,8 @@ impl Cluster {
             format!("--leader-elect-renew-deadline={}", secs(RENEW_DEADLINE)),
             format!("--leader-elect-retry-period={}", secs(RETRY_PERIOD)),
         ];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
         let env = [
             ("KUBECONFIG", path.to_str().unwrap()),
             ("GCE_METADATA_HOST", self.metadata.addr.as_str()),
@@ -854,6 +860,72 @@ async fn three_replicas_partitioned_leader_stops_writing_before_takeover() {
 #[ignore = "needs etcd, kube-apiserver, kubectl from scripts/peers.sh, gcplocal: run scripts/test.sh"]
 async fn two_replicas_partitioned_leader_stops_writing_before_takeover() {
     partitioned_leader_with(2).await;
+}
+
+/// With `--ready-requires-sinks`, the replica that does not lead writes no Secret and
+/// says so (`standby`), and is ready: never reported as a sink that failed. The leader's
+/// Secret is `written`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd, kube-apiserver, kubectl from scripts/peers.sh, gcplocal: run scripts/test.sh"]
+async fn a_follower_is_on_standby_and_ready_while_the_leader_writes() {
+    let _serial = SERIAL.lock().await;
+    let mut cluster = Cluster::new().await;
+    let rec = Recorder::start(cluster.cp, &cluster.regbroker, &cluster.apps);
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        replicas.push(cluster.replica_with(&["--ready-requires-sinks"]).await);
+    }
+    rec.wait_write(Duration::from_secs(30), "at all", |_| true)
+        .await;
+    let holder = cluster.holder().await;
+    let sink = format!("secret/{}/{SECRET}", cluster.apps);
+    let never = format!("regbroker_sink_never_written{{sink=\"{sink}\"}}");
+    for r in &replicas {
+        let (state, verbose) = if r.is(&holder) {
+            (
+                "written",
+                format!("[+]startup ok\n[+]sink/{sink} ok\nreadyz check passed\n"),
+            )
+        } else {
+            (
+                "standby",
+                format!(
+                    "[+]startup ok\n[+]sink/{sink} ok: standby: not leading, another replica writes it\nreadyz check passed\n"
+                ),
+            )
+        };
+        // The leader records its pass just after the write the recorder saw.
+        let deadline = Instant::now() + TOLERANCE * 4;
+        let reported = loop {
+            let (_, body) = r.get("/v1/providers").await;
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let reported = v["sinks"][0].clone();
+            if reported["state"] == state || Instant::now() > deadline {
+                break reported;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(reported["name"], sink.as_str(), "{}: {reported}", r.name);
+        assert_eq!(reported["state"], state, "{}: {reported}", r.name);
+        assert_eq!(
+            r.get("/readyz").await,
+            (200, "ok\n".to_string()),
+            "{}",
+            r.name
+        );
+        assert_eq!(r.get("/readyz?verbose").await, (200, verbose), "{}", r.name);
+        let (_, metrics) = r.get("/metrics").await;
+        assert!(
+            metrics.contains(&format!("{never} 0\n")),
+            "{}: {metrics}",
+            r.name
+        );
+    }
+    rec.check(now_wall());
+    for mut r in replicas {
+        r.signal(rustix::process::Signal::TERM);
+        r.reap();
+    }
 }
 
 #[tokio::test]

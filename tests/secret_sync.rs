@@ -209,6 +209,28 @@ impl FakeApi {
     fn fail_next(&self, codes: &[u16]) {
         self.state.lock().unwrap().fail_next.extend(codes);
     }
+
+    /// Drops the failures still queued by [`FakeApi::fail_next`].
+    fn stop_failing(&self) {
+        self.state.lock().unwrap().fail_next.clear();
+    }
+
+    /// A kubeconfig in `dir` that points at this server, as a process outside a pod
+    /// finds its API server.
+    fn kubeconfig(&self, dir: &std::path::Path) -> std::path::PathBuf {
+        let path = dir.join("kubeconfig");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
+                 users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
+                 current-context: fake\n",
+                self.url
+            ),
+        )
+        .unwrap();
+        path
+    }
 }
 
 /// The `user:password` the Secret's docker config holds for `registry`.
@@ -410,17 +432,7 @@ async fn serve_syncs_the_secret_and_keeps_serving_through_api_errors() {
     )
     .unwrap();
     // The binary finds the API server the way it would outside a pod: a kubeconfig.
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
-             users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n\
-             current-context: fake\n",
-            api.url
-        ),
-    )
-    .unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
     let mut proc = ServeProcess::start(
         &[
             "--docker-config",
@@ -493,6 +505,101 @@ async fn serve_syncs_the_secret_and_keeps_serving_through_api_errors() {
             "secret in the log: {line}"
         );
     }
+}
+
+/// The one sink `/v1/providers` of `addr` reports.
+async fn only_sink(addr: &str) -> Value {
+    let body: Value = reqwest::get(format!("http://{addr}/v1/providers"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sinks = body["sinks"].as_array().expect("a sinks list");
+    assert_eq!(sinks.len(), 1, "{body}");
+    sinks[0].clone()
+}
+
+/// Waits (bounded) until the one sink of `addr` is in `state`.
+async fn wait_sink_state(addr: &str, state: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let sink = only_sink(addr).await;
+        if sink["state"] == state {
+            return sink;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "sink never {state}: {sink}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn get_text(addr: &str, path: &str) -> (u16, String) {
+    let res = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
+    (res.status().as_u16(), res.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn a_secret_never_written_is_visible_and_holds_readiness_when_required() {
+    let api = FakeApi::start().await;
+    // Every API request fails until the test says otherwise.
+    api.fail_next(&[500; 10_000]);
+    let dir = tempfile::tempdir().unwrap();
+    let statics = dir.path().join("static.json");
+    std::fs::write(
+        &statics,
+        docker_config(&[("static.example.com", "s-user", "s-pw")]),
+    )
+    .unwrap();
+    let kubeconfig = api.kubeconfig(dir.path());
+    let mut proc = ServeProcess::start(
+        &[
+            "--docker-config",
+            statics.to_str().unwrap(),
+            "--sync-secret",
+            "flux-system/regbroker",
+            "--ready-requires-sinks",
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let addr = proc.addr.clone();
+    let sink = wait_sink_state(&addr, "never_written").await;
+    assert_eq!(sink["name"], "secret/flux-system/regbroker");
+    assert_eq!(sink["kind"], "secret");
+    assert_eq!(sink["writeError"], "kubernetes_api_error");
+    assert_eq!(
+        sink["registries"],
+        json!([{"registry": "static.example.com", "outcome": "ok"}])
+    );
+    let expected = "[+]startup ok\n\
+         [-]sink/secret/flux-system/regbroker failed: never written since start: write failed (kubernetes_api_error)\n\
+         readyz check failed\n";
+    assert_eq!(
+        get_text(&addr, "/readyz?verbose").await,
+        (503, expected.to_string())
+    );
+    let never = "regbroker_sink_never_written{sink=\"secret/flux-system/regbroker\"}";
+    let (_, metrics) = get_text(&addr, "/metrics").await;
+    assert!(metrics.contains(&format!("{never} 1\n")), "{metrics}");
+
+    // The API server recovers: the retry (5 s later) writes the Secret.
+    api.stop_failing();
+    let sink = wait_sink_state(&addr, "written").await;
+    assert!(sink["writeError"].is_null(), "{sink}");
+    assert!(api.secret("flux-system", "regbroker").is_some());
+    assert_eq!(get_text(&addr, "/readyz").await, (200, "ok\n".to_string()));
+    let (_, metrics) = get_text(&addr, "/metrics").await;
+    assert!(metrics.contains(&format!("{never} 0\n")), "{metrics}");
+    for path in ["/readyz?verbose", "/metrics", "/v1/providers"] {
+        let body = get_text(&addr, path).await.1;
+        assert!(
+            !body.contains("s-pw") && !body.contains("cy11c2VyOnMtcHc"),
+            "a secret in {path}: {body}"
+        );
+    }
+    assert!(proc.stop().success());
 }
 
 #[test]

@@ -331,6 +331,11 @@ impl Broker {
         &self.cache
     }
 
+    /// The metrics it counts into (the sinks record their passes there too).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// Now, by the broker's clock.
     pub fn now(&self) -> SystemTime {
         self.clock.now()

@@ -1,7 +1,8 @@
 //! `regbroker serve`: the sidecar. Binds the credential endpoint (and the optional probe
 //! endpoint), starts the static-source watcher and the sinks (docker config file, Secret
 //! sync), flips readiness once start-up work is done, and on SIGTERM or SIGINT lets
-//! in-flight requests finish for `--shutdown-grace`.
+//! in-flight requests finish for `--shutdown-grace`. With `--ready-requires-sinks`,
+//! readiness also waits for every sink this replica writes to be written once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -92,6 +93,12 @@ pub(super) struct ServeArgs {
     #[arg(long = "sink-registry", env = "REGBROKER_SINK_REGISTRY", value_name = "REGISTRY", value_delimiter = ',', requires = "sinks", value_parser = parse_registry)]
     sink_registry: Vec<Registry>,
 
+    /// Report not ready (/readyz 503) while a sink this replica writes (the docker config
+    /// file, a synced Secret) has not been written with every registry since start. A
+    /// replica that does not lead (--leader-elect) writes no Secret and stays ready.
+    #[arg(long, env = "REGBROKER_READY_REQUIRES_SINKS")]
+    ready_requires_sinks: bool,
+
     #[command(flatten)]
     leader: Box<super::leader_elect::LeaderElectArgs>,
 
@@ -162,6 +169,16 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
             e.secret
         )));
     }
+    if args.ready_requires_sinks
+        && args.write_docker_config.is_none()
+        && args.sync_secret.is_empty()
+        && entries.is_empty()
+    {
+        return Err(Failure::Config(
+            "--ready-requires-sinks needs a sink: --write-docker-config, --sync-secret or a [[secret]] in the config file".into(),
+        ));
+    }
+    core.metrics.sinks.set_required(args.ready_requires_sinks);
     let mut secret_sync = if args.sync_secret.is_empty() && entries.is_empty() {
         None
     } else {
@@ -173,6 +190,16 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
             extra: args.sink_registry.clone(),
             entries,
         };
+        // Each Secret is known (pending) before readiness flips, so a readiness that
+        // requires the sinks never answers 200 before the first pass has run.
+        let names = config
+            .secrets
+            .iter()
+            .chain(config.entries.iter().map(|e| &e.secret));
+        for secret in names {
+            core.metrics
+                .sink_registered(&secret.sink_name(), crate::sinks::status::Kind::Secret);
+        }
         // The first pass runs in the task too: a slow API server must not delay serving.
         let broker = core.broker.clone();
         if args.leader.enabled() {

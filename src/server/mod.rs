@@ -6,8 +6,9 @@
 //!   upstream failures. Errors are `{"error": {"code", "message"}}` and never hold a secret.
 //! - `GET /v1/providers`: each provider, compiled in or not, its identity kind, last fetch
 //!   and registry patterns (`providers.rs`); behind the same token as credentials.
-//! - `GET /healthz` (alive), `GET /readyz` (configuration and static secrets loaded),
-//!   `GET /metrics` (Prometheus text).
+//! - `GET /healthz` (alive), `GET /readyz` (configuration and static secrets loaded; with
+//!   `--ready-requires-sinks` also every sink written since start; `?verbose` lists each
+//!   check), `GET /metrics` (Prometheus text).
 //!
 //! This module holds the router and the handlers; [`AppError`] is the error answer and
 //! its status mapping; [`access`] decides who may ask, [`limits`] how much at once, and
@@ -218,12 +219,59 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(state): State<AppState>) -> Response {
-    if state.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ok\n").into_response()
+/// `/readyz`: `200 ok` once start-up work is done and, with `--ready-requires-sinks`,
+/// every sink this replica writes has been written since start. With `?verbose` (or on
+/// failure) each check on a line, as kube-apiserver prints them: `[+]name ok` or
+/// `[-]name failed: reason`, then `readyz check passed` or `readyz check failed`. A sink
+/// that does not gate readiness is still listed, with `[-]` when it is not written.
+/// Reasons are codes and counts, never a message or a secret (the probe port has no
+/// token).
+async fn readyz(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    let verbose = query.as_deref().is_some_and(|q| {
+        q.split('&')
+            .any(|p| p == "verbose" || p.starts_with("verbose="))
+    });
+    let started = state.ready.load(Ordering::Acquire);
+    let required = state.metrics.sinks.required();
+    let mut lines = Vec::new();
+    lines.push(if started {
+        "[+]startup ok".to_string()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting\n").into_response()
+        "[-]startup failed: starting".to_string()
+    });
+    let mut ready = started;
+    for sink in state.metrics.sinks.snapshot() {
+        let passes = sink.state().passes();
+        ready &= passes || !required;
+        let (mark, verdict) = if passes { ('+', "ok") } else { ('-', "failed") };
+        let mut line = format!("[{mark}]sink/{} {verdict}", sink.name);
+        if let Some(detail) = sink.check_detail() {
+            line.push_str(": ");
+            line.push_str(&detail);
+        }
+        if !passes && !required {
+            line.push_str(" (not required for readiness: --ready-requires-sinks is off)");
+        }
+        lines.push(line);
     }
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = if ready && !verbose {
+        "ok\n".to_string()
+    } else if !started && !verbose {
+        // What a starting process has always answered.
+        "starting\n".to_string()
+    } else {
+        let verdict = if ready { "passed" } else { "failed" };
+        format!("{}\nreadyz check {verdict}\n", lines.join("\n"))
+    };
+    let mut res = (status, body).into_response();
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

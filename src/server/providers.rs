@@ -8,6 +8,17 @@
 //!                  "autoDetected": ["*.dkr.ecr.*.amazonaws.com", "public.ecr.aws"]}}]}
 //! ```
 //!
+//! and each sink (the docker config file, each synced Secret) with what it has written
+//! since start:
+//!
+//! ```json
+//! {"sinks": [{"name": "secret/flux-system/regbroker-oci", "kind": "secret",
+//!   "state": "never_written", "lastSuccess": null, "lastAttempt": "2026-01-01T00:00:05Z",
+//!   "writeError": null,
+//!   "registries": [{"registry": "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+//!                   "outcome": "identity_missing"}]}]}
+//! ```
+//!
 //! Nothing here is a secret: identity kinds, `ok` or an error code, patterns. Behind the
 //! same bearer token as `/v1/credentials`.
 
@@ -21,6 +32,25 @@ use super::AppState;
 #[derive(Serialize)]
 struct Body {
     providers: Vec<Provider>,
+    sinks: Vec<Sink>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Sink {
+    name: String,
+    kind: &'static str,
+    state: &'static str,
+    last_success: Option<String>,
+    last_attempt: Option<String>,
+    write_error: Option<&'static str>,
+    registries: Vec<SinkRegistry>,
+}
+
+#[derive(Serialize)]
+struct SinkRegistry {
+    registry: String,
+    outcome: &'static str,
 }
 
 #[derive(Serialize)]
@@ -65,7 +95,29 @@ pub(super) async fn providers(State(state): State<AppState>) -> Response {
             },
         })
         .collect();
-    let mut res = axum::Json(Body { providers }).into_response();
+    let sinks = state
+        .metrics
+        .sinks
+        .snapshot()
+        .into_iter()
+        .map(|s| Sink {
+            state: s.state().as_str(),
+            kind: s.kind.as_str(),
+            last_success: s.last_success.map(crate::rfc3339),
+            last_attempt: s.last_attempt.map(crate::rfc3339),
+            write_error: s.write_error,
+            registries: s
+                .registries
+                .into_iter()
+                .map(|(r, outcome)| SinkRegistry {
+                    registry: r.to_string(),
+                    outcome,
+                })
+                .collect(),
+            name: s.name,
+        })
+        .collect();
+    let mut res = axum::Json(Body { providers, sinks }).into_response();
     res.headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     res

@@ -17,8 +17,12 @@ use std::time::Duration;
 use regbroker_provider::Registry;
 use zeroize::Zeroizing;
 
+use super::status::{Kind, Pass};
 use super::{Held, MIN_SLEEP, pass, registries, render, wait_for_next_pass};
 use crate::broker::Broker;
+
+/// The sink's name in readiness checks, metrics and `/v1/providers`.
+pub const NAME: &str = "docker-config";
 
 /// Sink settings.
 #[derive(Clone, Debug)]
@@ -64,15 +68,18 @@ impl Sink {
     /// Writes the file once (start-up); fails if it cannot be written.
     pub async fn start(broker: Arc<Broker>, config: Config) -> std::io::Result<Sink> {
         let mut held = BTreeMap::new();
+        broker.metrics().sink_registered(NAME, Kind::DockerConfig);
         let wanted = registries(&broker, &config.extra);
         let b = &broker;
-        let next = pass(b, &wanted, &mut held, &|r| {
+        let passed = pass(b, &wanted, &mut held, &|r| {
             Box::pin(async move { b.fresh_credential(&r).await })
         })
         .await;
+        let next = passed.next;
         let last = render(&held);
         write_atomic(&config.path, last.as_bytes())?;
         tracing::info!(path = %config.path.display(), registries = held.len(), "Wrote docker config");
+        record(&broker, passed.fetched, None);
         Ok(Sink {
             broker,
             config,
@@ -87,11 +94,13 @@ impl Sink {
     pub async fn refresh(&mut self) {
         let broker = &self.broker;
         let wanted = registries(broker, &self.config.extra);
-        self.next = pass(broker, &wanted, &mut self.held, &|r| {
+        let passed = pass(broker, &wanted, &mut self.held, &|r| {
             Box::pin(async move { broker.fresh_credential(&r).await })
         })
         .await;
+        self.next = passed.next;
         let contents = render(&self.held);
+        let mut write_error = None;
         if *contents != *self.last {
             match write_atomic(&self.config.path, contents.as_bytes()) {
                 Ok(()) => {
@@ -101,9 +110,11 @@ impl Sink {
                 Err(e) => {
                     tracing::warn!(path = %self.config.path.display(), error = %e, "Cannot write docker config; retrying");
                     self.next = MIN_SLEEP;
+                    write_error = Some("write_failed");
                 }
             }
         }
+        record(&self.broker, passed.fetched, write_error);
     }
 
     /// When the next pass is due.
@@ -118,6 +129,21 @@ impl Sink {
             self.refresh().await;
         }
     }
+}
+
+/// Records a pass of the file sink.
+fn record(
+    broker: &Broker,
+    fetched: Vec<(Registry, &'static str)>,
+    write_error: Option<&'static str>,
+) {
+    let pass = Pass::Ran {
+        registries: fetched,
+        write_error,
+    };
+    broker
+        .metrics()
+        .sink_pass(NAME, Kind::DockerConfig, pass, broker.now());
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The ways out: keeping credentials where clients that cannot ask regbroker read them.
 //!
 //! - [`docker_config`]: a docker `config.json` file (`serve --write-docker-config`);
-//! - [`secret_sync`]: `kubernetes.io/dockerconfigjson` Secrets (`serve --sync-secret`).
+//! - [`secret_sync`]: `kubernetes.io/dockerconfigjson` Secrets (`serve --sync-secret`);
+//! - [`status`]: what each has written since start (readiness, metrics, `/v1/providers`).
 //!
 //! Both write the same registries on the same schedule, defined here: every registry
 //! with a static entry or an exact provider rule, plus `--sink-registry`, fetched through
@@ -12,6 +13,7 @@
 
 pub mod docker_config;
 pub mod secret_sync;
+pub mod status;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -68,20 +70,34 @@ pub(crate) type Fetch<'a> = dyn Fn(Registry) -> futures_util::future::BoxFuture<
     + Sync
     + 'a;
 
+/// What [`pass`] did.
+pub(crate) struct Passed {
+    /// When the next pass is due.
+    pub(crate) next: Duration,
+    /// Each wanted registry's fetch outcome: `ok` or the error code.
+    pub(crate) fetched: Vec<(Registry, &'static str)>,
+}
+
 /// Runs one pass: fetch every registry of `wanted` into `held`, with `fetch` (the
 /// broker's fresh credential, as this process or as a workload). Returns when the next
-/// pass is due. Shared by the file sink and the Secret sync.
+/// pass is due and how each fetch went. Shared by the file sink and the Secret sync.
 pub(crate) async fn pass(
     broker: &Broker,
     wanted: &[Registry],
     held: &mut BTreeMap<Registry, Held>,
     fetch: &Fetch<'_>,
-) -> Duration {
+) -> Passed {
     let now = broker.now();
     held.retain(|r, _| wanted.contains(r));
     let mut next = MAX_SLEEP;
+    let mut fetched = Vec::with_capacity(wanted.len());
     for registry in wanted {
-        match fetch(registry.clone()).await {
+        let result = fetch(registry.clone()).await;
+        fetched.push((
+            registry.clone(),
+            result.as_ref().map_or_else(|e| e.kind().code(), |_| "ok"),
+        ));
+        match result {
             Ok(served) => {
                 let c = &served.credential;
                 let pair =
@@ -113,7 +129,10 @@ pub(crate) async fn pass(
             }
         }
     }
-    next.clamp(MIN_SLEEP, MAX_SLEEP)
+    Passed {
+        next: next.clamp(MIN_SLEEP, MAX_SLEEP),
+        fetched,
+    }
 }
 
 /// The docker config document (`{"auths": {...}}`) for `held`.

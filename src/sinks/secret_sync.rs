@@ -41,6 +41,7 @@ use kube::api::{Api, PostParams};
 use regbroker_provider::Registry;
 use zeroize::Zeroizing;
 
+use super::status::{Kind as SinkKind, Pass};
 use super::{Held, MAX_SLEEP, MIN_SLEEP};
 use crate::broker::Broker;
 use crate::kubernetes::lease::Leadership;
@@ -67,6 +68,14 @@ pub struct SecretRef {
     pub namespace: String,
     /// Its name.
     pub name: String,
+}
+
+impl SecretRef {
+    /// Its sink name in readiness checks, metrics and `/v1/providers`:
+    /// `secret/NAMESPACE/NAME`.
+    pub fn sink_name(&self) -> String {
+        format!("secret/{}/{}", self.namespace, self.name)
+    }
 }
 
 impl fmt::Display for SecretRef {
@@ -172,6 +181,19 @@ enum SyncError {
     Conflicts,
     #[error("not the leader")]
     NotLeader,
+}
+
+impl SyncError {
+    /// A short stable code for the sink's status (never a message).
+    fn code(&self) -> &'static str {
+        match self {
+            SyncError::Foreign => "secret_not_managed",
+            SyncError::WrongType(_) => "secret_wrong_type",
+            SyncError::Api(_) => "kubernetes_api_error",
+            SyncError::Conflicts => "write_conflicts",
+            SyncError::NotLeader => "not_leader",
+        }
+    }
 }
 
 /// `call`, bounded by the leader's write deadline when there is a guard.
@@ -672,12 +694,18 @@ impl SecretSync {
             failures: 0,
             last: None,
         });
+        let targets: Vec<Target> = shorthand.chain(declared).collect();
+        for t in &targets {
+            broker
+                .metrics()
+                .sink_registered(&t.secret.sink_name(), SinkKind::Secret);
+        }
         SecretSync {
             broker,
             tokens: Tokens::new(client.clone()),
             client,
             extra: config.extra,
-            targets: shorthand.chain(declared).collect(),
+            targets,
             next: MIN_SLEEP,
             guard,
         }
@@ -692,6 +720,12 @@ impl SecretSync {
         {
             for target in &mut self.targets {
                 target.last = Some(Outcome::NotLeader);
+                self.broker.metrics().sink_pass(
+                    &target.secret.sink_name(),
+                    SinkKind::Secret,
+                    Pass::Standby,
+                    self.broker.now(),
+                );
             }
             self.next = MAX_SLEEP;
             return;
@@ -714,7 +748,7 @@ impl SecretSync {
                 Some(r) => r.clone(),
                 None => super::registries(broker, extra),
             };
-            let due = match &target.service_account {
+            let passed = match &target.service_account {
                 None => {
                     super::pass(broker, &wanted, &mut target.held, &|r| {
                         Box::pin(async move { broker.fresh_credential(&r).await })
@@ -731,7 +765,7 @@ impl SecretSync {
                     .await
                 }
             };
-            next = next.min(due);
+            next = next.min(passed.next);
             let contents: Zeroizing<String> = super::render(&target.held);
             let missing: Vec<Registry> = wanted
                 .into_iter()
@@ -740,6 +774,7 @@ impl SecretSync {
             let registries = target.held.len();
             let secret = &target.secret;
             let guard = guard.as_ref();
+            let mut write_error = None;
             let outcome = match upsert(client, secret, &contents, &missing, guard).await {
                 Ok(o) => {
                     target.failures = 0;
@@ -761,6 +796,7 @@ impl SecretSync {
                 Err(SyncError::Foreign) => {
                     target.failures = 0;
                     tracing::error!(%secret, error = %SyncError::Foreign, "Cannot sync Secret");
+                    write_error = Some(SyncError::Foreign.code());
                     Outcome::Foreign
                 }
                 Err(e) => {
@@ -768,9 +804,21 @@ impl SecretSync {
                     let delay = backoff(target.failures);
                     next = next.min(delay);
                     tracing::warn!(%secret, error = %e, retry_in = ?delay, "Cannot sync Secret; retrying");
+                    write_error = Some(e.code());
                     Outcome::Failed(e.to_string())
                 }
             };
+            let pass = if outcome == Outcome::NotLeader {
+                Pass::Standby
+            } else {
+                Pass::Ran {
+                    registries: passed.fetched,
+                    write_error,
+                }
+            };
+            broker
+                .metrics()
+                .sink_pass(&secret.sink_name(), SinkKind::Secret, pass, broker.now());
             target.last = Some(outcome);
         }
         // Every Secret has asked for its tokens in this pass: the rest are no one's.

@@ -159,6 +159,10 @@ on the container, because source-controller's pod does not.
     - {{ printf "--leader-elect-retry-period=%s" . | toJson }}
     {{- end }}
     {{- end }}
+    {{- if and (not .sidecar) $v.readyRequiresSinks }}
+    # Not ready until this replica has written its Secrets once (a follower stays ready).
+    - --ready-requires-sinks
+    {{- end }}
     {{- range $v.extraArgs }}
     {{- if regexMatch "^--(listen|probe-listen)(=|$)" . }}
     {{- fail (printf "extraArgs: %s is the chart's (the credential endpoint stays on loopback 127.0.0.1:8477, probes on 0.0.0.0:8478)" .) }}
