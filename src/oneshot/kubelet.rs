@@ -118,7 +118,8 @@ fn respond(
         .image
         .filter(|i| !i.is_empty())
         .ok_or("request has no image")?;
-    let registry = Registry::parse(&image).map_err(|e| format!("image: {e}"))?;
+    // The kubelet names an image: `nginx:latest` is Docker Hub's, as docker reads it.
+    let registry = Registry::from_image_reference(&image).map_err(|e| format!("image: {e}"))?;
     // KEP-4412: with a token, the pull is the workload's own: its identity or nothing,
     // never the node's. A malformed token is an error before any lookup.
     let workload = match token {

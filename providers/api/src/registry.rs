@@ -357,6 +357,8 @@ impl Registry {
     /// the input cannot hold a port (`nginx:latest`, `nginx@sha256:...`: no `/`, no
     /// scheme, and a `:` followed by something other than digits, or an `@`) does the
     /// image reading ([`Registry::from_image_reference`]) decide, and Docker Hub it is.
+    /// An input with an `@` that is no valid image either is reported as userinfo
+    /// (`user:password@host`), never echoed.
     ///
     /// ```
     /// use regbroker_provider::Registry;
@@ -371,16 +373,17 @@ impl Registry {
             Ok(registry) => return Ok(registry),
             Err(e) => e,
         };
-        let cannot_be_a_port = !input.contains('/')
-            && !input.contains("://")
-            && (input.contains('@')
-                || input
-                    .rsplit_once(':')
-                    .is_some_and(|(_, after)| !after.bytes().all(|b| b.is_ascii_digit())));
-        if cannot_be_a_port {
-            Registry::from_image_reference(input)
-        } else {
-            Err(ReferenceError::Registry(registry_error))
+        let bare = !input.contains('/') && !input.contains("://");
+        let digest = bare && input.contains('@');
+        let tag = bare
+            && input
+                .rsplit_once(':')
+                .is_some_and(|(_, after)| !after.bytes().all(|b| b.is_ascii_digit()));
+        match Registry::from_image_reference(input) {
+            Ok(registry) if digest || tag => Ok(registry),
+            // `user:password@host` is no image either: say what the registry reading saw.
+            Err(image_error) if tag && !digest => Err(image_error),
+            _ => Err(ReferenceError::Registry(registry_error)),
         }
     }
 
@@ -1328,7 +1331,16 @@ mod tests {
             ReferenceError::Registry(ParseError::UserInfo)
         );
         assert_eq!(err("Nginx:latest"), ReferenceError::UppercaseRepository);
-        assert_eq!(err("nginx@sha256:abc"), ReferenceError::InvalidDigest);
+        assert_eq!(err("nginx:-x"), ReferenceError::InvalidTag);
+        // With an `@` that makes no image, userinfo is the likelier mistake to report.
+        assert_eq!(
+            err("user:pw@example.com"),
+            ReferenceError::Registry(ParseError::UserInfo)
+        );
+        assert_eq!(
+            err("nginx@sha256:abc"),
+            ReferenceError::Registry(ParseError::UserInfo)
+        );
         assert_eq!(
             err("ftp://x"),
             ReferenceError::Registry(ParseError::UnsupportedScheme("ftp".into()))
