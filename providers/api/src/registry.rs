@@ -341,13 +341,15 @@ impl Registry {
         if tag.is_some_and(|t| !is_tag(t)) {
             return Err(ReferenceError::InvalidTag);
         }
+        let registry = match domain {
+            None => Registry::docker_hub(),
+            Some(d) => Registry::from_authority(d).map_err(ReferenceError::Registry)?,
+        };
+        // Last: nothing else a message says may depend on the text after the `@`.
         if digest.is_some_and(|d| !is_known_digest(d)) {
             return Err(ReferenceError::InvalidDigest);
         }
-        match domain {
-            None => Ok(Registry::docker_hub()),
-            Some(d) => Registry::from_authority(d).map_err(ReferenceError::Registry),
-        }
+        Ok(registry)
     }
 
     /// Reads an input that may name a registry or an image, such as `regbroker resolve`'s
