@@ -5,8 +5,11 @@
 //! `serviceAccountToken` / `serviceAccountAnnotations`) and reads
 //! a `CredentialProviderResponse` from stdout: `cacheKeyType: Registry`, a `cacheDuration`
 //! (Go duration) from the credential's remaining usable life, and `auth` keyed by the
-//! registry, or an empty `auth` for images regbroker does not serve. A wrong apiVersion or
-//! kind, or malformed JSON, is an error on stderr with exit code 1.
+//! registry, or an empty `auth` for images regbroker does not serve. The `image` is read
+//! as docker reads an image reference ([`Registry::from_image_reference`]): `nginx:latest`
+//! is Docker Hub's, so on a node where nothing serves `docker.io` it gets the empty `auth`
+//! (exit 0). A wrong apiVersion or kind, malformed JSON, or an image the reference grammar
+//! refuses, is an error on stderr with exit code 1.
 //!
 //! With a `serviceAccountToken` (KEP-4412, the kubelet's `tokenAttributes`), the pull is
 //! the workload's own: the ServiceAccount is read from the token's claims, the cloud
