@@ -105,6 +105,86 @@ fn resolve_unknown_registry_fails_with_exit_1() {
     assert!(!text(&out.stderr).contains("pw@"));
 }
 
+/// A docker config with a Docker Hub entry and a `host:port` entry.
+fn hub_and_port_config(dir: &std::path::Path) -> String {
+    let path = dir.join("config.json");
+    std::fs::write(
+        &path,
+        r#"{"auths": {"https://index.docker.io/v1/": {"username": "hub-user", "password": "hub-pw"},
+                      "name:5000": {"username": "port-user", "password": "port-pw"}}}"#,
+    )
+    .unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn resolve_reads_an_image_as_docker_pull_does_and_host_port_as_docker_login_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let dc = hub_and_port_config(dir.path());
+    for (input, registry, user) in [
+        ("nginx:latest", "docker.io", "hub-user"),
+        ("library/nginx:1.27", "docker.io", "hub-user"),
+        ("name:5000", "name:5000", "port-user"),
+        ("name:5000/app:1", "name:5000", "port-user"),
+    ] {
+        let out = regbroker(&["resolve", input, "--docker-config", &dc]);
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{input}: {stdout}{}",
+            text(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("registry:  {registry}\n")),
+            "{input}: {stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("username:  {user}\n")),
+            "{input}: {stdout}"
+        );
+    }
+    let out = regbroker(&["resolve", "Nginx:latest", "--docker-config", &dc]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("lower case"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn a_secret_naming_an_image_reference_is_accepted_and_a_bad_one_exits_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let dc = hub_and_port_config(dir.path());
+    let cfg = dir.path().join("tenants.toml");
+    let secret = |registries: &str| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "[[secret]]\nnamespace = \"team-a\"\nname = \"pull\"\nregistries = {registries}\n"
+            ),
+        )
+        .unwrap();
+        regbroker(&[
+            "resolve",
+            "nginx:latest",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--docker-config",
+            &dc,
+        ])
+    };
+    let out = secret(r#"["nginx:latest", "name:5000"]"#);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = secret(r#"["Nginx:latest"]"#);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("team-a/pull") && stderr.contains("lower case"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn docker_config_env_takes_a_comma_separated_list() {
     let dir = tempfile::tempdir().unwrap();

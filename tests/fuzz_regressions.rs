@@ -58,12 +58,19 @@ fn never(_: &[u8]) -> bool {
 }
 
 fn cloud_host(text: &str) -> bool {
-    Registry::parse(text.trim_end_matches(['\r', '\n'])).is_ok_and(|r| {
-        Providers::from_env()
-            .unwrap()
-            .iter()
-            .any(|p| p.recognise(&r).is_some())
-    })
+    Registry::parse(text.trim_end_matches(['\r', '\n'])).is_ok_and(|r| recognised(&r))
+}
+
+/// Whether the kubelet would read `image` as a registry a real provider recognises.
+fn cloud_image(image: &str) -> bool {
+    Registry::from_image_reference(image).is_ok_and(|r| recognised(&r))
+}
+
+fn recognised(registry: &Registry) -> bool {
+    Providers::from_env()
+        .unwrap()
+        .iter()
+        .any(|p| p.recognise(registry).is_some())
 }
 
 #[test]
@@ -100,7 +107,7 @@ fn kubelet_request_inputs_replay() {
     replay("kubelet_request", checks::kubelet_request, |data| {
         serde_json::from_slice::<serde_json::Value>(data)
             .ok()
-            .and_then(|v| v["image"].as_str().map(cloud_host))
+            .and_then(|v| v["image"].as_str().map(cloud_image))
             .unwrap_or(false)
     });
 }

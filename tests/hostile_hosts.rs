@@ -235,6 +235,105 @@ async fn no_cloud_credential_for_a_hostile_host() {
     );
 }
 
+/// Image references that put a cloud host where docker does not read a registry, or a
+/// lookalike where it does. The kubelet's `image`, a `[[secret]]`'s `registries` and
+/// `resolve` read these with the reference grammar.
+const HOSTILE_IMAGES: &[&str] = &[
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com.evil.com/x",
+    "evil.com/123456789012.dkr.ecr.us-east-1.amazonaws.com/x",
+    "evil.com:5000/123456789012.dkr.ecr.us-east-1.amazonaws.com:1",
+    "docker.io/123456789012.dkr.ecr.us-east-1.amazonaws.com/x",
+    "library/123456789012.dkr.ecr.us-east-1.amazonaws.com",
+    // No `/` after it: a Docker Hub repository named like a cloud host.
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com:latest",
+    "123456789012.dkr.ecr.us-east-1.amazonaws.com@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    "myregistry.azurecr.io:v1",
+    "gcr.io:latest",
+    "europe-west1-docker.pkg.dev:1.0",
+    "oci://evil.com/gcr.io/x",
+    "public.ecr.aws.evil.com/x",
+    "myregistry.azurecr.io.evil.com/x:1",
+    "gcr.io.evil.com/p/app",
+    // Userinfo, trailing dots, confusables and stray characters before the `/`.
+    "u:p@gcr.io/x",
+    "gcr.io@evil.com/x",
+    "evil.com@gcr.io/x",
+    "gcr.io./x",
+    "gcr.io\u{200b}/x",
+    "g\u{0441}r.io/x",
+    "gcr.io%2eevil.com/x",
+    "gcr.io\\evil.com/x",
+    " gcr.io/x",
+    "gcr.io/x\n",
+];
+
+#[tokio::test]
+async fn no_cloud_credential_for_a_hostile_image_reference() {
+    let (broker, _dir) = broker("", None);
+    type Read = fn(&str) -> Result<Registry, regbroker_provider::ReferenceError>;
+    let readings: [(&str, Read); 2] = [
+        ("image", Registry::from_image_reference),
+        ("either", Registry::from_registry_or_image),
+    ];
+    let (mut rejected, mut decided) = (0, 0);
+    for (reading, read) in readings {
+        for input in HOSTILE.iter().chain(HOSTILE_IMAGES) {
+            let registry = match read(input) {
+                Err(e) => {
+                    assert!(!e.to_string().contains("evil.com@"), "{input:?}: {e}");
+                    rejected += 1;
+                    continue;
+                }
+                Ok(r) => r,
+            };
+            assert_eq!(
+                recognisers(&registry),
+                Vec::<&str>::new(),
+                "{input:?} (read as {reading}, as {registry}) is recognised by a provider"
+            );
+            match broker.credential(&registry).await {
+                Err(BrokerError::NotConfigured(_)) => {}
+                other => panic!("{input:?} (read as {reading}): {other:?}"),
+            }
+            decided += 1;
+        }
+    }
+    assert!(
+        rejected >= 40 && decided >= 80,
+        "{rejected} rejected, {decided} decided"
+    );
+    // The registry reading takes `?` and `#` as the end of a URL's host (so these name
+    // gcr.io itself, as a URL parser would); an image reference has no query or
+    // fragment, so the image reading refuses them.
+    for input in ["gcr.io#.evil.com/x", "gcr.io?.evil.com/x", "gcr.io/x#y"] {
+        assert!(
+            Registry::from_image_reference(input).is_err(),
+            "{input:?} must be refused as an image"
+        );
+    }
+}
+
+#[test]
+fn real_cloud_images_are_recognised_by_exactly_their_provider() {
+    for (input, provider) in [
+        ("123456789012.dkr.ecr.us-east-1.amazonaws.com/app:1", "aws"),
+        ("public.ecr.aws/nginx/nginx:latest", "aws"),
+        (
+            "myregistry.azurecr.io/app@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "azure",
+        ),
+        ("europe-west1-docker.pkg.dev/p/r/app:1", "gcp"),
+        ("oci://gcr.io/my-project/charts/app", "gcp"),
+    ] {
+        let registry = Registry::from_image_reference(input).unwrap();
+        assert_eq!(recognisers(&registry), [provider], "{input:?}");
+        assert_eq!(
+            Registry::from_registry_or_image(input).as_ref(),
+            Ok(&registry)
+        );
+    }
+}
+
 #[test]
 fn specific_rejections_hold() {
     // Inputs whose safety depends on the parser rejecting them: if one of these ever

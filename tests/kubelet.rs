@@ -127,6 +127,94 @@ fn unserved_image_gets_an_empty_auth() {
     assert!(parse_go_duration(v["cacheDuration"].as_str().unwrap()).is_some());
 }
 
+fn request_for(image: &str) -> Vec<u8> {
+    serde_json::json!({
+        "apiVersion": "credentialprovider.kubelet.k8s.io/v1",
+        "kind": "CredentialProviderRequest",
+        "image": image,
+    })
+    .to_string()
+    .into_bytes()
+}
+
+const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+#[test]
+fn an_image_docker_reads_as_docker_hubs_gets_an_empty_auth_when_nothing_serves_docker_hub() {
+    // `nginx:latest` is docker.io/library/nginx:latest, not host `nginx` on port `latest`;
+    // nothing serves docker.io here, so the kubelet is told to go anonymous (exit 0).
+    let dir = tempfile::tempdir().unwrap();
+    let config = static_config(dir.path());
+    for image in [
+        "nginx:latest".to_string(),
+        "nginx".to_string(),
+        "library/nginx:1.27".to_string(),
+        format!("nginx@{DIGEST}"),
+        // `name:5000` as an image is Docker Hub's repository `name`, tag `5000`.
+        "registry.example.com:5000".to_string(),
+    ] {
+        let (code, out, err) = provide(&request_for(&image), &config);
+        assert_eq!(code, Some(0), "{image}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["kind"], "CredentialProviderResponse", "{image}");
+        assert_eq!(v["auth"], serde_json::json!({}), "{image}");
+        assert_eq!(v["cacheKeyType"], "Registry", "{image}");
+        assert_eq!(v["cacheDuration"], "1m0s", "{image}");
+    }
+}
+
+#[test]
+fn an_image_is_served_by_the_registry_docker_reads_in_it() {
+    // Positive control: with a Docker Hub entry, the same images get Docker Hub's
+    // credential under `docker.io`; `host:5000/app` gets that host's.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"auths": {"https://index.docker.io/v1/": {"username": "hub-user", "password": "hub-pw"},
+                      "registry.example.com:5000": {"username": "puller", "password": "kubelet-pw"}}}"#,
+    )
+    .unwrap();
+    for (image, registry, user) in [
+        ("nginx:latest", "docker.io", "hub-user"),
+        ("docker.io/library/nginx:latest", "docker.io", "hub-user"),
+        ("registry.example.com:5000", "docker.io", "hub-user"),
+        (
+            "registry.example.com:5000/app",
+            "registry.example.com:5000",
+            "puller",
+        ),
+        (
+            "registry.example.com:5000/team/app:1",
+            "registry.example.com:5000",
+            "puller",
+        ),
+    ] {
+        let (code, out, err) = provide(&request_for(image), &config);
+        assert_eq!(code, Some(0), "{image}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["auth"].as_object().unwrap().len(), 1, "{image}: {v}");
+        assert_eq!(v["auth"][registry]["username"], user, "{image}: {v}");
+    }
+}
+
+#[test]
+fn an_image_reference_that_breaks_the_grammar_fails_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = static_config(dir.path());
+    for (image, needle) in [
+        ("ghcr.io/Org/app", "lower case"),
+        ("nginx@sha256:abc", "invalid digest"),
+        ("u:hunter2@registry.example.com:5000/app", "userinfo"),
+    ] {
+        let (code, out, err) = provide(&request_for(image), &config);
+        assert_eq!(code, Some(1), "{image}");
+        assert!(out.is_empty(), "{image}: {out}");
+        assert!(err.contains(needle), "{image}: {err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}
+
 #[test]
 fn wrong_api_version_fails_on_stderr() {
     let dir = tempfile::tempdir().unwrap();

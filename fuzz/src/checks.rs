@@ -7,6 +7,8 @@
 //! Each function takes the raw fuzz input and panics when a property fails. "No panic" is
 //! the baseline; where a stronger property is cheap it is checked too:
 //! - a parsed registry re-parses to itself, is lower case and holds no path or userinfo;
+//! - an image reference names Docker Hub unless a `/` follows its first component, and
+//!   the image and registry readings agree on every reference with a path that both read;
 //! - an error message does not depend on the bytes after an `@` (nor on userinfo before
 //!   it): the same input with those letters and digits rotated gives the same message;
 //! - a docker config error is fixed text plus at most a registry key, never a value;
@@ -61,11 +63,13 @@ fn secret_variants(input: &str) -> Vec<String> {
     out
 }
 
-/// `Registry::parse` on any UTF-8 string.
+/// `Registry::parse`, `Registry::from_image_reference` and
+/// `Registry::from_registry_or_image` on any UTF-8 string.
 pub fn registry_parse(data: &[u8]) {
     let Ok(input) = std::str::from_utf8(data) else {
         return;
     };
+    image_readings(input);
     match Registry::parse(input) {
         Ok(r) => {
             assert_eq!(
@@ -93,6 +97,71 @@ pub fn registry_parse(data: &[u8]) {
                     Some(&message),
                     "the error for {input:?} depends on text around its `@` (variant {variant:?})"
                 );
+            }
+        }
+    }
+}
+
+/// The image reading ([`Registry::from_image_reference`]) and the reading for inputs
+/// that may be either ([`Registry::from_registry_or_image`]) of the same input, checked
+/// against the registry reading: a registry from an image re-parses to itself, holds
+/// no path or userinfo, is Docker Hub when no `/` follows the first component, and agrees
+/// with the registry reading wherever both read a path; the reading for either is the
+/// registry reading whenever that succeeds, and otherwise Docker Hub or an error.
+fn image_readings(input: &str) {
+    let as_registry = Registry::parse(input);
+    let as_image = Registry::from_image_reference(input);
+    match &as_image {
+        Ok(r) => {
+            assert_eq!(Registry::parse(r.as_str()).as_ref(), Ok(r), "{input:?}");
+            let name = r.as_str();
+            assert_eq!(name, name.to_ascii_lowercase(), "{input:?}");
+            assert!(
+                !name.contains(['@', '/', '?', '#']),
+                "{input:?} -> {name:?}"
+            );
+            let reference = input
+                .get(..6)
+                .filter(|s| s.eq_ignore_ascii_case("oci://"))
+                .map_or(input, |_| &input[6..]);
+            if !reference.contains('/') {
+                assert!(r.is_docker_hub(), "{input:?} has no `/` but read as {r:?}");
+            }
+            if reference.contains('/')
+                && let Ok(registry) = &as_registry
+            {
+                assert_eq!(registry, r, "{input:?}: the two readings disagree");
+            }
+        }
+        Err(e) => {
+            let message = e.to_string();
+            for variant in secret_variants(input) {
+                if let Err(other) = Registry::from_image_reference(&variant) {
+                    assert_eq!(
+                        other.to_string(),
+                        message,
+                        "the image error for {input:?} depends on text around its `@`"
+                    );
+                }
+            }
+        }
+    }
+    match (Registry::from_registry_or_image(input), &as_registry) {
+        (either, Ok(registry)) => assert_eq!(either.as_ref(), Ok(registry), "{input:?}"),
+        (Ok(either), Err(_)) => {
+            assert!(either.is_docker_hub(), "{input:?} read as {either:?}");
+            assert_eq!(as_image.as_ref(), Ok(&either), "{input:?}");
+        }
+        (Err(e), Err(_)) => {
+            let message = e.to_string();
+            for variant in secret_variants(input) {
+                if let Err(other) = Registry::from_registry_or_image(&variant) {
+                    assert_eq!(
+                        other.to_string(),
+                        message,
+                        "the error for {input:?} depends on text around its `@`"
+                    );
+                }
             }
         }
     }

@@ -210,7 +210,9 @@ fn secret_entry(raw: RawSecret) -> Result<SecretEntry, (String, String)> {
     }
     let mut registries = Vec::with_capacity(raw.registries.len());
     for r in &raw.registries {
-        let registry = regbroker_provider::Registry::parse(r).map_err(|e| {
+        // A registry name, or an image reference where no registry reading fits
+        // (`nginx:latest` is Docker Hub's; `name:5000` is a host and port).
+        let registry = regbroker_provider::Registry::from_registry_or_image(r).map_err(|e| {
             fail(format!(
                 "registry {:?}: {e}",
                 r.chars().take(80).collect::<String>()
@@ -395,6 +397,30 @@ source = "none"
         assert_eq!(c.secrets[0].registries[1].as_str(), "b.example.com");
         assert_eq!(c.secrets[0].service_account.as_deref(), Some("puller"));
         assert_eq!(c.secrets[1].service_account.as_deref(), Some("puller"));
+    }
+
+    #[test]
+    fn a_secret_may_name_its_registries_by_image_reference_or_host_and_port() {
+        // `nginx:latest` can hold no port: it is Docker Hub's image. `name:5000` can: it
+        // is that host and port, as `docker login name:5000` reads it.
+        let c = parse(
+            "[[secret]]\nnamespace = \"team-a\"\nname = \"pull\"\nregistries = [\"nginx:latest\", \"name:5000\", \"name:5000/app:1\", \"library/redis\"]\n",
+            &Providers::from_env().unwrap(),
+        )
+        .unwrap();
+        let names: Vec<&str> = c.secrets[0].registries.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names, ["docker.io", "name:5000"]);
+        for (registry, needle) in [
+            ("Nginx:latest", "lower case"),
+            ("name:99999", "invalid port `99999`"),
+            ("nginx:-x", "invalid tag"),
+            ("u:hunter2@a.example.com", "userinfo"),
+        ] {
+            let e = parse_err(&format!(
+                "[[secret]]\nnamespace = \"a\"\nname = \"p\"\nregistries = [\"{registry}\"]\n"
+            ));
+            assert!(e.contains(needle), "{registry}: {e}");
+        }
     }
 
     #[test]

@@ -81,7 +81,7 @@ pub(super) async fn run(args: DoctorArgs) -> Result<(), Failure> {
         .iter()
         .map(|r| {
             // The error never repeats userinfo; neither does this message.
-            Registry::parse(r)
+            Registry::from_registry_or_image(r)
                 .map(|p| (r.clone(), p))
                 .map_err(|e| Failure::Usage(format!("invalid REGISTRY argument: {e}")))
         })

@@ -22,7 +22,7 @@ pub(super) struct ResolveArgs {
 
 /// Prints the routing decision for one registry and fetches its credential once.
 pub(super) async fn run(args: ResolveArgs) -> Result<(), Failure> {
-    let registry = Registry::parse(&args.registry)
+    let registry = Registry::from_registry_or_image(&args.registry)
         .map_err(|e| Failure::Runtime(format!("invalid registry: {e}")))?;
     let core = build_core(&args.sources)?;
     let decision = core.broker.decide(&registry);

@@ -5,8 +5,11 @@
 //! `serviceAccountToken` / `serviceAccountAnnotations`) and reads
 //! a `CredentialProviderResponse` from stdout: `cacheKeyType: Registry`, a `cacheDuration`
 //! (Go duration) from the credential's remaining usable life, and `auth` keyed by the
-//! registry, or an empty `auth` for images regbroker does not serve. A wrong apiVersion or
-//! kind, or malformed JSON, is an error on stderr with exit code 1.
+//! registry, or an empty `auth` for images regbroker does not serve. The `image` is read
+//! as docker reads an image reference ([`Registry::from_image_reference`]): `nginx:latest`
+//! is Docker Hub's, so on a node where nothing serves `docker.io` it gets the empty `auth`
+//! (exit 0). A wrong apiVersion or kind, malformed JSON, or an image the reference grammar
+//! refuses, is an error on stderr with exit code 1.
 //!
 //! With a `serviceAccountToken` (KEP-4412, the kubelet's `tokenAttributes`), the pull is
 //! the workload's own: the ServiceAccount is read from the token's claims, the cloud
@@ -118,7 +121,8 @@ fn respond(
         .image
         .filter(|i| !i.is_empty())
         .ok_or("request has no image")?;
-    let registry = Registry::parse(&image).map_err(|e| format!("image: {e}"))?;
+    // The kubelet names an image: `nginx:latest` is Docker Hub's, as docker reads it.
+    let registry = Registry::from_image_reference(&image).map_err(|e| format!("image: {e}"))?;
     // KEP-4412: with a token, the pull is the workload's own: its identity or nothing,
     // never the node's. A malformed token is an error before any lookup.
     let workload = match token {

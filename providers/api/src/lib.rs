@@ -32,7 +32,7 @@ pub use clock::{Clock, SharedClock, SystemClock, system_clock};
 pub use credential::{Credential, IDENTITY_TOKEN_USERNAME, MAX_LIFETIME, cap_expiry};
 pub use diagnosis::{Diagnosis, Finding, IdentityKind, Status};
 pub use error::{Error, ErrorKind};
-pub use registry::{DOCKER_HUB, MAX_HOST_LEN, ParseError, Registry};
+pub use registry::{DOCKER_HUB, MAX_HOST_LEN, ParseError, ReferenceError, Registry};
 pub use secrecy::{ExposeSecret, SecretString};
 pub use workload::{ServiceAccount, WorkloadIdentity};
 

@@ -6,6 +6,14 @@
 //! host plus an optional port. Anything that is not plainly a host name is rejected: a
 //! credential broker must never guess which host a caller meant.
 //!
+//! Two readings differ where no `/` follows the first component. Where a client names a
+//! registry (a docker credential helper's server URL, the endpoint's `registry=`, a rule's
+//! pattern), [`Registry::parse`] reads `name:5000` as a host and a port, as `docker login`
+//! does. Where it names an image (the kubelet's `image`), [`Registry::from_image_reference`]
+//! follows the distribution reference grammar, as `docker pull` does: `name:5000` and
+//! `nginx:latest` are Docker Hub repositories with a tag. [`Registry::from_registry_or_image`]
+//! serves inputs that may be either.
+//!
 //! Error messages never repeat the whole input, since a malformed input may hold a
 //! secret (`user:password@host`).
 
@@ -22,6 +30,9 @@ pub const MAX_HOST_LEN: usize = 253;
 const MAX_LABEL_LEN: usize = 63;
 /// Longest input accepted at all, so hostile input is rejected before any work.
 const MAX_INPUT_LEN: usize = 4096;
+/// The distribution grammar's longest repository (`library/nginx`, without registry, tag
+/// or digest).
+const MAX_REPOSITORY_LEN: usize = 255;
 
 /// A normalised registry: a lower-case host and an optional port.
 ///
@@ -104,6 +115,85 @@ impl fmt::Display for ParseError {
 
 impl std::error::Error for ParseError {}
 
+/// Why an image reference was rejected ([`Registry::from_image_reference`]).
+///
+/// Like [`ParseError`], a message never repeats the input (it may hold a secret).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReferenceError {
+    /// Nothing was given.
+    Empty,
+    /// The input is longer than any image reference could be.
+    TooLong,
+    /// Whitespace or a control character somewhere in the input.
+    WhitespaceOrControl,
+    /// `user:password@host/repo`: credentials must never travel inside a reference.
+    UserInfo,
+    /// A scheme other than `oci://` before the reference.
+    UnsupportedScheme(String),
+    /// 64 hexadecimal characters alone: an image ID, which names no registry.
+    ImageId,
+    /// Not `[REGISTRY/]REPOSITORY[:TAG][@DIGEST]`: an empty, `.` or `..` component, or a
+    /// character a repository component cannot hold.
+    InvalidFormat,
+    /// An upper-case letter in the repository (after the registry).
+    UppercaseRepository,
+    /// The repository is longer than 255 characters.
+    RepositoryTooLong,
+    /// The tag is not 1-128 of letters, digits, `_`, `.` and `-`, starting with a letter,
+    /// a digit or `_`.
+    InvalidTag,
+    /// The digest is not `sha256`, `sha384` or `sha512` with its lower-case hex value.
+    InvalidDigest,
+    /// The registry part (or, read as a registry name, the whole input) is not a valid
+    /// registry name.
+    Registry(ParseError),
+}
+
+impl fmt::Display for ReferenceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReferenceError::Empty => f.write_str("image reference is empty"),
+            ReferenceError::TooLong => {
+                write!(f, "image reference is longer than {MAX_INPUT_LEN} bytes")
+            }
+            ReferenceError::WhitespaceOrControl => {
+                f.write_str("image reference contains whitespace or a control character")
+            }
+            ReferenceError::UserInfo => f.write_str(
+                "image reference contains userinfo (user:password@host); credentials must not be embedded in an image reference",
+            ),
+            ReferenceError::UnsupportedScheme(s) => write!(
+                f,
+                "unsupported scheme `{s}` in image reference (only oci:// may precede one)"
+            ),
+            ReferenceError::ImageId => f.write_str(
+                "image reference is a 64-character hexadecimal image ID, which names no registry",
+            ),
+            ReferenceError::InvalidFormat => f.write_str(
+                "invalid image reference: expected [REGISTRY/]REPOSITORY[:TAG][@DIGEST], each repository component lower-case letters and digits joined by `.`, `_`, `__` or `-`",
+            ),
+            ReferenceError::UppercaseRepository => f.write_str(
+                "invalid image reference: the repository must be lower case (only the registry may have capitals)",
+            ),
+            ReferenceError::RepositoryTooLong => write!(
+                f,
+                "invalid image reference: the repository is longer than {MAX_REPOSITORY_LEN} characters"
+            ),
+            ReferenceError::InvalidTag => f.write_str(
+                "invalid tag in image reference (1-128 letters, digits, `_`, `.` or `-`, not starting with `.` or `-`)",
+            ),
+            ReferenceError::InvalidDigest => f.write_str(
+                "invalid digest in image reference (expected sha256:, sha384: or sha512: and the lower-case hex value of that length)",
+            ),
+            ReferenceError::Registry(e) => e.fmt(f),
+        }
+    }
+}
+
+/// `Registry(e)` shows `e` itself, so it names no source: the chain is printed once.
+impl std::error::Error for ReferenceError {}
+
 impl Registry {
     /// Parses what a client sent into a canonical registry.
     ///
@@ -132,19 +222,12 @@ impl Registry {
                     .iter()
                     .any(|s| s.eq_ignore_ascii_case(scheme))
                 {
-                    // Only echo a scheme that looks like one; never an arbitrary prefix.
-                    let shown = if scheme.len() <= 16
-                        && scheme
-                            .bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-')
-                    {
-                        scheme.to_string()
-                    } else {
-                        "?".to_string()
-                    };
-                    return Err(ParseError::UnsupportedScheme(shown));
+                    return Err(ParseError::UnsupportedScheme(shown_scheme(scheme)));
                 }
-                (&input[i + 3..], true)
+                // An `oci://` URL is an image reference behind a scheme (Flux reads it with
+                // the reference grammar), so docker's first-component rule applies to it;
+                // an `http(s)://` URL's authority is always the host.
+                (&input[i + 3..], !scheme.eq_ignore_ascii_case("oci"))
             }
             None => (input, false),
         };
@@ -162,18 +245,152 @@ impl Registry {
             check_path(&path[..path_end])?;
         }
 
-        // An image reference without a scheme follows docker's rule: the first path
-        // component is a registry only if it has a dot or a colon or is `localhost`;
-        // otherwise the reference is a Docker Hub repository (`library/nginx`).
-        if !had_scheme
-            && has_path
-            && !authority.contains(['.', ':'])
-            && !authority.eq_ignore_ascii_case("localhost")
-            && !authority.is_empty()
-        {
+        // An image reference without an `http(s)://` scheme follows docker's rule: the
+        // first path component is a registry only if it is followed by a `/` and has a
+        // dot or a colon, is `localhost`, or has an upper-case letter (a repository
+        // cannot); otherwise the reference is a Docker Hub repository (`library/nginx`).
+        if !had_scheme && has_path && !authority.is_empty() && !names_a_registry(authority) {
             return Ok(Registry::docker_hub());
         }
+        Registry::from_authority(authority)
+    }
 
+    /// Reads an image reference as docker does (the distribution reference grammar,
+    /// `[REGISTRY/]REPOSITORY[:TAG][@DIGEST]`, optionally behind `oci://`) and returns its
+    /// registry. This is the reading for inputs that name an image, such as the kubelet's
+    /// `image`: the first component is the registry only when a `/` follows it and it has
+    /// a `.` or a `:`, is `localhost`, or has an upper-case letter; every other reference
+    /// is on Docker Hub.
+    ///
+    /// ```
+    /// use regbroker_provider::Registry;
+    /// let hub = |s| Registry::from_image_reference(s).unwrap().to_string();
+    /// assert_eq!(hub("nginx:latest"), "docker.io");
+    /// assert_eq!(hub("name:5000"), "docker.io"); // the image `name`, tag `5000`
+    /// assert_eq!(hub("name:5000/app"), "name:5000");
+    /// assert_eq!(hub("fluxcd/flux@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"), "docker.io");
+    /// assert_eq!(hub("localhost:5000/app"), "localhost:5000");
+    /// assert!(Registry::from_image_reference("ghcr.io/Org/app").is_err());
+    /// ```
+    ///
+    /// The registry part is held to [`Registry::parse`]'s rules (ports 1-65535 without
+    /// leading zeros, DNS labels of letters, digits and inner hyphens), which are stricter
+    /// than the grammar's; the rest must match the grammar exactly: lower-case repository
+    /// components, a tag of at most 128 characters, a `sha256`, `sha384` or `sha512`
+    /// digest of the right length, and a repository of at most 255 characters.
+    pub fn from_image_reference(input: &str) -> Result<Registry, ReferenceError> {
+        if input.is_empty() {
+            return Err(ReferenceError::Empty);
+        }
+        if input.len() > MAX_INPUT_LEN {
+            return Err(ReferenceError::TooLong);
+        }
+        if input.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ReferenceError::WhitespaceOrControl);
+        }
+        let reference = match input.find("://") {
+            Some(i) if input[..i].eq_ignore_ascii_case("oci") => &input[i + 3..],
+            Some(i) => return Err(ReferenceError::UnsupportedScheme(shown_scheme(&input[..i]))),
+            None => input,
+        };
+        if reference.is_empty() {
+            return Err(ReferenceError::Empty);
+        }
+        // Credentials never travel in a name: `user:password@host/repo`.
+        if let Some(slash) = reference.find('/')
+            && reference[..slash].contains('@')
+        {
+            return Err(ReferenceError::UserInfo);
+        }
+        if reference.len() == 64
+            && reference
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(ReferenceError::ImageId);
+        }
+        let (name_and_tag, digest) = match reference.split_once('@') {
+            Some((n, d)) => (n, Some(d)),
+            None => (reference, None),
+        };
+        // The tag is a `:` in the last component: a `:` before a `/` is a registry's port.
+        let last = name_and_tag.rfind('/').map_or(0, |i| i + 1);
+        let (name, tag) = match name_and_tag[last..].find(':') {
+            Some(colon) => (
+                &name_and_tag[..last + colon],
+                Some(&name_and_tag[last + colon + 1..]),
+            ),
+            None => (name_and_tag, None),
+        };
+        let (domain, repository) = match name.split_once('/') {
+            Some((first, rest)) if names_a_registry(first) => (Some(first), rest),
+            _ => (None, name),
+        };
+        if !repository.split('/').all(is_path_component) {
+            return Err(ReferenceError::InvalidFormat);
+        }
+        if repository.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(ReferenceError::UppercaseRepository);
+        }
+        // Docker Hub's official images are `library/NAME`: the limit counts the prefix.
+        let official = domain.is_none() && !repository.contains('/');
+        let length = repository.len() + if official { "library/".len() } else { 0 };
+        if length > MAX_REPOSITORY_LEN {
+            return Err(ReferenceError::RepositoryTooLong);
+        }
+        if tag.is_some_and(|t| !is_tag(t)) {
+            return Err(ReferenceError::InvalidTag);
+        }
+        let registry = match domain {
+            None => Registry::docker_hub(),
+            Some(d) => Registry::from_authority(d).map_err(ReferenceError::Registry)?,
+        };
+        // Last: nothing else a message says may depend on the text after the `@`.
+        if digest.is_some_and(|d| !is_known_digest(d)) {
+            return Err(ReferenceError::InvalidDigest);
+        }
+        Ok(registry)
+    }
+
+    /// Reads an input that may name a registry or an image, such as `regbroker resolve`'s
+    /// argument or a `[[secret]]`'s `registries`: the registry reading
+    /// ([`Registry::parse`]) decides, so `name:5000` is the host `name` on port 5000 as
+    /// `docker login name:5000` reads it; only where that reading is impossible because
+    /// the input cannot hold a port (`nginx:latest`, `nginx@sha256:...`: no `/`, no
+    /// scheme, and a `:` followed by something other than digits, or an `@`) does the
+    /// image reading ([`Registry::from_image_reference`]) decide, and Docker Hub it is.
+    /// An input with an `@` that is no valid image either is reported as userinfo
+    /// (`user:password@host`), never echoed.
+    ///
+    /// ```
+    /// use regbroker_provider::Registry;
+    /// let read = |s| Registry::from_registry_or_image(s).unwrap().to_string();
+    /// assert_eq!(read("name:5000"), "name:5000");
+    /// assert_eq!(read("nginx:latest"), "docker.io");
+    /// assert_eq!(read("https://r.example.com/v2/"), "r.example.com");
+    /// assert!(Registry::from_registry_or_image("name:99999").is_err());
+    /// ```
+    pub fn from_registry_or_image(input: &str) -> Result<Registry, ReferenceError> {
+        let registry_error = match Registry::parse(input) {
+            Ok(registry) => return Ok(registry),
+            Err(e) => e,
+        };
+        let bare = !input.contains('/') && !input.contains("://");
+        let digest = bare && input.contains('@');
+        let tag = bare
+            && input
+                .rsplit_once(':')
+                .is_some_and(|(_, after)| !after.bytes().all(|b| b.is_ascii_digit()));
+        match Registry::from_image_reference(input) {
+            Ok(registry) if digest || tag => Ok(registry),
+            // `user:password@host` is no image either: say what the registry reading saw.
+            Err(image_error) if tag && !digest => Err(image_error),
+            _ => Err(ReferenceError::Registry(registry_error)),
+        }
+    }
+
+    /// `host[:port]`, checked and normalised; Docker Hub's aliases become `docker.io`.
+    fn from_authority(authority: &str) -> Result<Registry, ParseError> {
         let (host, port) = split_host_port(authority)?;
         let host = normalise_host(host)?;
         if port.is_none() && DOCKER_HUB_ALIASES.contains(&host.as_str()) {
@@ -245,6 +462,47 @@ impl std::str::FromStr for Registry {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         Registry::parse(s)
     }
+}
+
+/// Only echo a scheme that looks like one; never an arbitrary prefix.
+fn shown_scheme(scheme: &str) -> String {
+    if scheme.len() <= 16
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'-')
+    {
+        scheme.to_string()
+    } else {
+        "?".to_string()
+    }
+}
+
+/// Whether the first component of a reference that a `/` follows is a registry, as
+/// distribution's `splitDockerDomain` decides: it has a `.` (a domain or an IPv4
+/// address) or a `:` (a port, or an IPv6 literal), is `localhost`, or has an upper-case
+/// letter (which no repository component may have).
+fn names_a_registry(first: &str) -> bool {
+    first.contains(['.', ':'])
+        || first == "localhost"
+        || first.bytes().any(|b| b.is_ascii_uppercase())
+}
+
+/// A `sha256`, `sha384` or `sha512` digest with its lower-case hex of the right length:
+/// the grammar's digest as go-digest validates it (other algorithms are not registered).
+fn is_known_digest(d: &str) -> bool {
+    let Some((algorithm, hex)) = d.split_once(':') else {
+        return false;
+    };
+    let want = match algorithm {
+        "sha256" => 64,
+        "sha384" => 96,
+        "sha512" => 128,
+        _ => return false,
+    };
+    hex.len() == want
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Checks what follows `host/` against the distribution reference grammar: repository
@@ -731,5 +989,394 @@ mod tests {
         let exact = format!("-{}.example.com", "c".repeat(62));
         assert_eq!(label(&exact), format!("-{}", "c".repeat(62)));
         assert_eq!(label("-a.example.com"), "-a");
+    }
+
+    const SHA256: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    /// The three readings of one input, as `Some(registry)` or `None` (refused).
+    fn readings(input: &str) -> [Option<String>; 3] {
+        [
+            Registry::parse(input).ok().map(|r| r.to_string()),
+            Registry::from_image_reference(input)
+                .ok()
+                .map(|r| r.to_string()),
+            Registry::from_registry_or_image(input)
+                .ok()
+                .map(|r| r.to_string()),
+        ]
+    }
+
+    #[test]
+    fn ambiguous_inputs_read_one_way_as_a_registry_and_another_as_an_image() {
+        let digest = format!("nginx@sha256:{SHA256}");
+        let tagged_digest = format!("nginx:1.27@sha256:{SHA256}");
+        let s = |v: &str| Some(v.to_string());
+        // (input, as a registry name, as an image reference, where either may be meant)
+        let cases: Vec<(&str, [Option<String>; 3])> = vec![
+            (
+                "name:5000",
+                [s("name:5000"), s("docker.io"), s("name:5000")],
+            ),
+            (
+                "name:5000/img",
+                [s("name:5000"), s("name:5000"), s("name:5000")],
+            ),
+            ("nginx:latest", [None, s("docker.io"), s("docker.io")]),
+            ("nginx", [s("nginx"), s("docker.io"), s("nginx")]),
+            (
+                "localhost:5000",
+                [s("localhost:5000"), s("docker.io"), s("localhost:5000")],
+            ),
+            (
+                "localhost:5000/x",
+                [
+                    s("localhost:5000"),
+                    s("localhost:5000"),
+                    s("localhost:5000"),
+                ],
+            ),
+            (
+                "localhost/x",
+                [s("localhost"), s("localhost"), s("localhost")],
+            ),
+            ("name/x", [s("docker.io"), s("docker.io"), s("docker.io")]),
+            (
+                "name.example/x",
+                [s("name.example"), s("name.example"), s("name.example")],
+            ),
+            ("Name/x", [s("name"), s("name"), s("name")]),
+            (
+                "example.com",
+                [s("example.com"), s("docker.io"), s("example.com")],
+            ),
+            (&digest, [None, s("docker.io"), s("docker.io")]),
+            (&tagged_digest, [None, s("docker.io"), s("docker.io")]),
+            (
+                "library/nginx:1.27",
+                [s("docker.io"), s("docker.io"), s("docker.io")],
+            ),
+            (
+                "index.docker.io/library/nginx",
+                [s("docker.io"), s("docker.io"), s("docker.io")],
+            ),
+            (
+                "registry-1.docker.io/library/nginx",
+                [s("docker.io"), s("docker.io"), s("docker.io")],
+            ),
+            (
+                "oci://nginx/app",
+                [s("docker.io"), s("docker.io"), s("docker.io")],
+            ),
+            (
+                "oci://name:5000/app",
+                [s("name:5000"), s("name:5000"), s("name:5000")],
+            ),
+            (
+                "OCI://ghcr.io/org/app:v1",
+                [s("ghcr.io"), s("ghcr.io"), s("ghcr.io")],
+            ),
+            (
+                "[::1]:5000/x",
+                [s("[::1]:5000"), s("[::1]:5000"), s("[::1]:5000")],
+            ),
+            (
+                "127.0.0.1:5000/x:1",
+                [
+                    s("127.0.0.1:5000"),
+                    s("127.0.0.1:5000"),
+                    s("127.0.0.1:5000"),
+                ],
+            ),
+            (
+                "https://name:5000/v2/",
+                [s("name:5000"), None, s("name:5000")],
+            ),
+            // A port that cannot be a port is a registry error where a registry is meant,
+            // never a silent Docker Hub tag.
+            ("name:99999", [None, s("docker.io"), None]),
+            ("name:0", [None, s("docker.io"), None]),
+            // A capital in the repository is refused where the reference grammar decides.
+            ("ghcr.io/Org/app", [s("ghcr.io"), None, s("ghcr.io")]),
+            ("Nginx:latest", [None, None, None]),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                readings(input),
+                want,
+                "input {input:?}: [registry, image, either]"
+            );
+        }
+    }
+
+    #[test]
+    fn image_references_of_every_grammar_form_name_their_registry() {
+        let long_repo = "r".repeat(MAX_REPOSITORY_LEN);
+        let official = "r".repeat(MAX_REPOSITORY_LEN - "library/".len());
+        let cases = [
+            ("busybox", "docker.io"),
+            ("docker.io/busybox", "docker.io"),
+            ("fluxcd/flux:v1.2.3", "docker.io"),
+            ("a.b/c__d/e-f--g/h_i:v1.2-rc_3", "a.b"),
+            ("ghcr.io/stefanprodan/podinfo:6.7.0", "ghcr.io"),
+            (
+                "ghcr.io/stefanprodan/podinfo@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+                "ghcr.io",
+            ),
+            ("REGISTRY.example.com:443/app", "registry.example.com:443"),
+            ("xn--bcher-kva.example/app", "xn--bcher-kva.example"),
+            ("LOCALDOMAIN/app", "localdomain"),
+            (
+                "123456789012.dkr.ecr.us-east-1.amazonaws.com/app:1",
+                "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+            ),
+            ("oci://ghcr.io/org/charts/podinfo", "ghcr.io"),
+        ];
+        for (input, want) in cases {
+            match Registry::from_image_reference(input) {
+                Ok(r) => assert_eq!(r.as_str(), want, "{input:?}"),
+                Err(e) => panic!("{input:?} should parse: {e}"),
+            }
+        }
+        for input in [
+            format!("ghcr.io/{long_repo}"),
+            official.clone(),
+            format!("nginx:{}", "t".repeat(128)),
+            format!("nginx@sha384:{}", "a".repeat(96)),
+            format!("nginx@sha512:{}", "a".repeat(128)),
+        ] {
+            assert!(Registry::from_image_reference(&input).is_ok(), "{input}");
+        }
+    }
+
+    #[test]
+    fn image_references_that_break_the_grammar_are_refused_with_a_reason() {
+        use ReferenceError as E;
+        let image_id = SHA256.to_string();
+        let long_host = format!("{}.com/x", ["abcdefghi"; 26].join("."));
+        let cases: Vec<(String, E)> = vec![
+            (String::new(), E::Empty),
+            ("oci://".into(), E::Empty),
+            ("x".repeat(MAX_INPUT_LEN + 1), E::TooLong),
+            (" nginx".into(), E::WhitespaceOrControl),
+            ("nginx\n".into(), E::WhitespaceOrControl),
+            ("ngi\tnx".into(), E::WhitespaceOrControl),
+            ("nginx\0".into(), E::WhitespaceOrControl),
+            ("nginx\u{7f}".into(), E::WhitespaceOrControl),
+            ("nginx\u{85}".into(), E::WhitespaceOrControl),
+            ("ghcr.io/\u{200b}x".into(), E::InvalidFormat),
+            ("u:p@ghcr.io/x".into(), E::UserInfo),
+            ("@ghcr.io/x".into(), E::UserInfo),
+            ("oci://u:p@ghcr.io/x".into(), E::UserInfo),
+            (
+                "https://ghcr.io/x".into(),
+                E::UnsupportedScheme("https".into()),
+            ),
+            (
+                "docker://nginx".into(),
+                E::UnsupportedScheme("docker".into()),
+            ),
+            ("a.b://ghcr.io/x".into(), E::UnsupportedScheme("?".into())),
+            (image_id, E::ImageId),
+            ("ghcr.io/".into(), E::InvalidFormat),
+            ("/x".into(), E::InvalidFormat),
+            ("x/".into(), E::InvalidFormat),
+            ("ghcr.io//x".into(), E::InvalidFormat),
+            ("ghcr.io/../x".into(), E::InvalidFormat),
+            ("ghcr.io/./x".into(), E::InvalidFormat),
+            ("ghcr.io/x/..".into(), E::InvalidFormat),
+            ("ghcr.io/-x".into(), E::InvalidFormat),
+            ("ghcr.io/x%2f..".into(), E::InvalidFormat),
+            ("ghcr.io/x?y".into(), E::InvalidFormat),
+            ("ghcr.io/x#y".into(), E::InvalidFormat),
+            ("ghcr.io/x\\y".into(), E::InvalidFormat),
+            ("ghcr.io/é".into(), E::InvalidFormat),
+            (":latest".into(), E::InvalidFormat),
+            ("[::1]:5000".into(), E::InvalidFormat),
+            ("ghcr.io/Org/app".into(), E::UppercaseRepository),
+            ("Nginx".into(), E::UppercaseRepository),
+            (
+                "r".repeat(MAX_REPOSITORY_LEN - "library/".len() + 1),
+                E::RepositoryTooLong,
+            ),
+            (
+                format!("ghcr.io/{}", "r".repeat(MAX_REPOSITORY_LEN + 1)),
+                E::RepositoryTooLong,
+            ),
+            ("nginx:".into(), E::InvalidTag),
+            ("nginx:-x".into(), E::InvalidTag),
+            ("nginx:.x".into(), E::InvalidTag),
+            ("nginx:a:b".into(), E::InvalidTag),
+            (format!("nginx:{}", "t".repeat(129)), E::InvalidTag),
+            ("nginx@".into(), E::InvalidDigest),
+            ("nginx@sha256:abc".into(), E::InvalidDigest),
+            (format!("nginx@SHA256:{SHA256}"), E::InvalidDigest),
+            (
+                format!("nginx@sha256:{}", SHA256.to_uppercase()),
+                E::InvalidDigest,
+            ),
+            (format!("nginx@md5:{}", &SHA256[..32]), E::InvalidDigest),
+            (format!("nginx@sha256:{SHA256}0"), E::InvalidDigest),
+            (
+                format!("nginx@sha256:{SHA256}@sha256:{SHA256}"),
+                E::InvalidDigest,
+            ),
+            (
+                "name:0/x".into(),
+                E::Registry(ParseError::InvalidPort("0".into())),
+            ),
+            (
+                "name:05000/x".into(),
+                E::Registry(ParseError::InvalidPort("05000".into())),
+            ),
+            (
+                "name:http/x".into(),
+                E::Registry(ParseError::InvalidPort("http".into())),
+            ),
+            (
+                "exa_mple.com/x".into(),
+                E::Registry(ParseError::InvalidLabel("exa_mple".into())),
+            ),
+            (
+                "example.com./x".into(),
+                E::Registry(ParseError::InvalidLabel(String::new())),
+            ),
+            (
+                "a..b/x".into(),
+                E::Registry(ParseError::InvalidLabel(String::new())),
+            ),
+            ("exämple.com/x".into(), E::Registry(ParseError::NonAscii)),
+            ("ｅxample.com/x".into(), E::Registry(ParseError::NonAscii)),
+            ("[::1/x".into(), E::Registry(ParseError::InvalidIpv6)),
+            (
+                "[fe80::1%25eth0]:5000/x".into(),
+                E::Registry(ParseError::InvalidIpv6),
+            ),
+            (long_host, E::Registry(ParseError::HostTooLong(263))),
+        ];
+        for (input, want) in cases {
+            assert_eq!(
+                Registry::from_image_reference(&input),
+                Err(want),
+                "{:?}",
+                input.chars().take(80).collect::<String>()
+            );
+        }
+    }
+
+    #[test]
+    fn a_host_that_resembles_a_cloud_registry_stays_the_host_it_is() {
+        // Only the registry part decides; a cloud host in the repository names nothing,
+        // and one without a `/` after it is a Docker Hub repository.
+        let ecr = "123456789012.dkr.ecr.us-east-1.amazonaws.com";
+        let cases = [
+            (format!("{ecr}.evil.com/x"), format!("{ecr}.evil.com")),
+            (format!("evil.com/{ecr}/x"), "evil.com".to_string()),
+            (
+                format!("evil.com:5000/{ecr}:1"),
+                "evil.com:5000".to_string(),
+            ),
+            (format!("docker.io/{ecr}/x"), "docker.io".to_string()),
+            (ecr.to_string(), "docker.io".to_string()),
+            (format!("{ecr}:latest"), "docker.io".to_string()),
+            (format!("oci://evil.com/{ecr}/x"), "evil.com".to_string()),
+            (
+                "myregistry.azurecr.io.evil.com/x".to_string(),
+                "myregistry.azurecr.io.evil.com".to_string(),
+            ),
+        ];
+        for (input, want) in cases {
+            let got = Registry::from_image_reference(&input).map(|r| r.to_string());
+            assert_eq!(got.as_deref(), Ok(want.as_str()), "{input}");
+        }
+        for input in [
+            format!("{ecr}@evil.com/x"),
+            format!("evil.com@{ecr}/x"),
+            format!("{ecr}\\@evil.com/x"),
+            format!("{ecr} /x"),
+            format!("{ecr}%2fevil.com/x"),
+            format!("{ecr}#@evil.com/x"),
+            format!("{ecr}?.evil.com/x"),
+        ] {
+            assert!(
+                Registry::from_image_reference(&input).is_err(),
+                "{input} should be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn image_reference_errors_never_echo_userinfo_or_the_repository() {
+        for input in [
+            "alice:hunter2@ghcr.io/x",
+            "oci://alice:hunter2@ghcr.io/x",
+            "ghcr.io/hunter2/../x",
+            "ghcr.io/Hunter2",
+            "hunter2:-x",
+            "nginx@hunter2",
+        ] {
+            let msg = Registry::from_image_reference(input)
+                .unwrap_err()
+                .to_string();
+            assert!(!msg.to_lowercase().contains("hunter2"), "{input}: {msg}");
+        }
+    }
+
+    #[test]
+    fn either_reading_reports_the_registry_error_unless_only_an_image_fits() {
+        let err = |input: &str| Registry::from_registry_or_image(input).unwrap_err();
+        assert_eq!(
+            err("name:99999"),
+            ReferenceError::Registry(ParseError::InvalidPort("99999".into()))
+        );
+        assert_eq!(
+            err("user:pw@example.com/x"),
+            ReferenceError::Registry(ParseError::UserInfo)
+        );
+        assert_eq!(err("Nginx:latest"), ReferenceError::UppercaseRepository);
+        assert_eq!(err("nginx:-x"), ReferenceError::InvalidTag);
+        // With an `@` that makes no image, userinfo is the likelier mistake to report.
+        assert_eq!(
+            err("user:pw@example.com"),
+            ReferenceError::Registry(ParseError::UserInfo)
+        );
+        assert_eq!(
+            err("nginx@sha256:abc"),
+            ReferenceError::Registry(ParseError::UserInfo)
+        );
+        assert_eq!(
+            err("ftp://x"),
+            ReferenceError::Registry(ParseError::UnsupportedScheme("ftp".into()))
+        );
+        // The message of a registry error is the registry error's own.
+        assert_eq!(err("").to_string(), ParseError::Empty.to_string());
+    }
+
+    #[test]
+    fn every_reference_error_says_what_is_wrong() {
+        use ReferenceError as E;
+        for (err, needle) in [
+            (E::Empty, "image reference is empty"),
+            (E::TooLong, "longer than 4096 bytes"),
+            (E::WhitespaceOrControl, "whitespace or a control character"),
+            (E::UserInfo, "userinfo"),
+            (
+                E::UnsupportedScheme("ftp".into()),
+                "unsupported scheme `ftp`",
+            ),
+            (E::ImageId, "image ID"),
+            (E::InvalidFormat, "[REGISTRY/]REPOSITORY[:TAG][@DIGEST]"),
+            (E::UppercaseRepository, "lower case"),
+            (E::RepositoryTooLong, "longer than 255 characters"),
+            (E::InvalidTag, "invalid tag"),
+            (E::InvalidDigest, "invalid digest"),
+            (
+                E::Registry(ParseError::InvalidPort("x".into())),
+                "invalid port `x`",
+            ),
+        ] {
+            let msg = err.to_string();
+            assert!(msg.contains(needle), "{msg}");
+            assert!(!msg.contains('\n'), "{msg}");
+        }
     }
 }
