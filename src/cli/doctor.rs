@@ -316,7 +316,7 @@ async fn registry_section(
         ),
         Ok(Err(e)) => Finding::fail(
             "registry.exchange",
-            format!("no credential: {e} ({})", e.kind().code()),
+            format!("no credential: {} ({})", e.detail(false), e.kind().code()),
             exchange_fix(e.kind()),
         ),
         Ok(Ok(s)) => {

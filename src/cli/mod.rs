@@ -104,7 +104,9 @@ pub fn main() -> ExitCode {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     if invoked_as.starts_with("docker-credential-") {
-        init_tracing(LogFormat::Text, "warn");
+        if let Err(msg) = init_tracing(LogFormat::Text, "warn") {
+            return report(LogFormat::Text, Failure::Config(msg));
+        }
         let action = args
             .next()
             .map(|a| a.to_string_lossy().into_owned())
@@ -125,11 +127,15 @@ pub fn main() -> ExitCode {
     };
     let default_level = match cli.command {
         Command::Serve(_) => "info",
-        // The report says what failed; the broker's warnings would only repeat it.
-        Command::Doctor(_) => "error",
+        // The report (doctor) or the final line (resolve, with the causes) says what
+        // failed; the broker's warnings would only repeat it.
+        Command::Doctor(_) | Command::Resolve(_) => "error",
         _ => "warn",
     };
-    init_tracing(cli.log_format, default_level);
+    let format = cli.log_format;
+    if let Err(msg) = init_tracing(format, default_level) {
+        return report(format, Failure::Config(msg));
+    }
     let command = match cli.command {
         Command::CredentialHelper(args) => return helper_mode(&args.action, args.endpoint),
         Command::KubeletCredentialProvider => {
@@ -164,23 +170,25 @@ pub fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Config(msg)) => {
-            tracing::error!("{msg}");
-            eprintln!("regbroker: invalid configuration: {msg}");
-            ExitCode::from(EXIT_CONFIG)
-        }
-        Err(Failure::Usage(msg)) => {
-            eprintln!("regbroker: {msg}");
-            ExitCode::from(EXIT_CONFIG)
-        }
-        // The report on stdout already says which check failed and why.
-        Err(Failure::Checks) => ExitCode::FAILURE,
-        Err(Failure::Runtime(msg)) => {
-            tracing::error!("{msg}");
-            eprintln!("regbroker: {msg}");
-            ExitCode::FAILURE
-        }
+        Err(failure) => report(format, failure),
     }
+}
+
+/// Says what failed, once: a final line on stderr for text logs, or one error event for
+/// JSON logs (a log collector then sees it with the rest). Returns the exit code.
+fn report(format: LogFormat, failure: Failure) -> ExitCode {
+    let (line, code) = match failure {
+        // The report on stdout already says which check failed and why.
+        Failure::Checks => return ExitCode::FAILURE,
+        Failure::Config(msg) => (format!("invalid configuration: {msg}"), EXIT_CONFIG),
+        Failure::Usage(msg) => (msg, EXIT_CONFIG),
+        Failure::Runtime(msg) => (msg, 1),
+    };
+    match format {
+        LogFormat::Json if tracing::dispatcher::has_been_set() => tracing::error!("{line}"),
+        _ => eprintln!("regbroker: {line}"),
+    }
+    ExitCode::from(code)
 }
 
 fn helper_mode(action: &str, endpoint: Option<String>) -> ExitCode {
