@@ -28,6 +28,7 @@
 
 pub mod broker;
 pub mod cli;
+pub mod env;
 pub mod kubernetes;
 pub mod metrics;
 pub mod oneshot;

@@ -402,13 +402,14 @@ pub struct Built {
 pub fn build(config: Option<&PathBuf>, docker_config: &[PathBuf]) -> Result<Built, String> {
     let providers = Providers::from_env()?;
     let config = match config {
-        Some(path) => config::load(path, &providers).map_err(|e| e.to_string())?,
+        Some(path) => config::load(path, &providers)
+            .map_err(|e| format!("{e} (--config / REGBROKER_CONFIG)"))?,
         None => config::Config::default(),
     };
     let metrics = Arc::new(Metrics::new());
     let statics = Arc::new(
         static_secret::Store::open(docker_config.to_vec(), metrics.clone())
-            .map_err(|e| e.to_string())?,
+            .map_err(|e| format!("{e} (--docker-config / REGBROKER_DOCKER_CONFIG)"))?,
     );
     let broker = Broker::new(
         statics.clone(),

@@ -23,7 +23,7 @@ use std::time::Duration;
 use regbroker_provider::{ExposeSecret, Registry, SecretString, WorkloadIdentity};
 use serde::Deserialize;
 
-use super::backend::{Backend, Lookup, Settings};
+use super::backend::{Lookup, Settings};
 use super::stdin::{block_on, read_limited};
 use crate::broker::cache;
 
@@ -75,9 +75,9 @@ pub fn run(
                 1
             }
         },
-        Err(message) => {
-            let _ = writeln!(stderr, "regbroker: {message}");
-            1
+        Err(failed) => {
+            let _ = writeln!(stderr, "regbroker: {}", failed.message);
+            failed.code()
         }
     }
 }
@@ -85,7 +85,7 @@ pub fn run(
 fn respond(
     settings: impl FnOnce() -> Result<Settings, String>,
     stdin: &mut dyn Read,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, super::Failed> {
     // The request may carry the pod's service account token (KEP-4412): wipe it after use.
     let buf = zeroize::Zeroizing::new(read_limited(stdin, MAX_INPUT, "request")?);
     let mut req: Request = serde_json::from_slice(&buf).map_err(|e| {
@@ -101,12 +101,11 @@ fn respond(
             return Err(format!(
                 "unsupported apiVersion `{}` (this provider speaks {API_VERSION})",
                 other.chars().take(64).collect::<String>()
-            ));
+            )
+            .into());
         }
         None => {
-            return Err(format!(
-                "request has no apiVersion (expected {API_VERSION})"
-            ));
+            return Err(format!("request has no apiVersion (expected {API_VERSION})").into());
         }
     }
     if req.kind.as_deref() != Some("CredentialProviderRequest") {
@@ -129,7 +128,7 @@ fn respond(
         _ => None,
     };
 
-    let backend = Backend::new(&settings()?)?;
+    let backend = super::backend_from(settings)?;
     let config = backend.cache_config();
     let mut response = serde_json::json!({
         "apiVersion": API_VERSION,
