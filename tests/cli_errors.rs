@@ -259,37 +259,67 @@ fn every_invalid_variable_is_exit_64_naming_it_once() {
     }
 }
 
-/// Booleans read one way: every boolean variable takes the same words.
+/// Booleans read one way: every boolean variable takes the same words, and means by
+/// them what the others do.
 #[test]
 fn booleans_take_the_same_words_everywhere() {
-    for word in ["1", "true", "YES", "on", "0", "false", "no", "Off"] {
-        // serve's booleans: accepted, so the next check (no Secret to sync) speaks.
+    let words = [
+        ("1", true),
+        ("true", true),
+        ("YES", true),
+        ("on", true),
+        ("0", false),
+        ("false", false),
+        ("no", false),
+        ("Off", false),
+    ];
+    for (word, on) in words {
+        // serve --insecure-listen: on, the exposure check passes and the next setting
+        // (a missing config file) speaks; off, the exposure check refuses.
         let (code, _, stderr) = run(
-            &["serve", "--listen", "127.0.0.1:0"],
+            &["serve", "--listen", "0.0.0.0:0"],
             &[
-                ("REGBROKER_LEADER_ELECT", word),
                 ("REGBROKER_INSECURE_LISTEN", word),
+                ("REGBROKER_CONFIG", "/nonexistent/regbroker.toml"),
             ],
             "",
         );
+        assert_eq!(code, Some(64), "{word}: {stderr}");
+        let next = if on { "REGBROKER_CONFIG" } else { "refusing" };
         assert!(
-            !stderr.contains("REGBROKER_LEADER_ELECT (")
-                && !stderr.contains("REGBROKER_INSECURE_LISTEN ("),
-            "{word} refused: {code:?} {stderr}"
+            stderr.contains(next),
+            "REGBROKER_INSECURE_LISTEN={word}: {stderr}"
         );
-        // The helper's: accepted, so the failure is the unreachable sidecar (exit 1).
+        // --leader-elect: read as a boolean (then it wants --sync-secret, either way).
+        let (code, _, stderr) = run(
+            &["serve", "--listen", "127.0.0.1:0"],
+            &[("REGBROKER_LEADER_ELECT", word)],
+            "",
+        );
+        assert_eq!(code, Some(64), "{word}: {stderr}");
+        assert!(
+            !stderr.contains("invalid value") && !stderr.contains("REGBROKER_LEADER_ELECT ("),
+            "REGBROKER_LEADER_ELECT={word} refused: {stderr}"
+        );
+        // The helper's REGBROKER_INSECURE_ENDPOINT: on, a cleartext sidecar off loopback
+        // is tried (and cannot be reached); off, it is refused.
         let (code, stdout, _) = run(
             &["credential-helper", "get"],
             &[
-                ("REGBROKER_ENDPOINT", "http://127.0.0.1:1"),
+                ("REGBROKER_ENDPOINT", "http://0.0.0.0:1"),
                 ("REGBROKER_INSECURE_ENDPOINT", word),
             ],
             "gcr.io\n",
         );
-        assert_eq!(code, Some(1), "{word}: {stdout}");
+        let (want_code, next) = if on {
+            (1, "cannot reach")
+        } else {
+            (64, "not loopback")
+        };
+        assert_eq!(code, Some(want_code), "{word}: {stdout}");
         assert!(
-            !stdout.contains("REGBROKER_INSECURE_ENDPOINT:"),
-            "{word}: {stdout}"
+            stdout.contains(next),
+            "REGBROKER_INSECURE_ENDPOINT={word}: {stdout}"
         );
     }
 }
