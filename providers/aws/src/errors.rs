@@ -166,7 +166,7 @@ pub fn map_credentials_error(err: &CredentialsError) -> Error {
                     .map(|c| format!(": AWS answered {c}"))
                     .unwrap_or_default();
                 Error::identity_rejected(format!(
-                    "an AWS identity is configured but could not be used or was refused{code} (the log has the whole cause)"
+                    "the AWS identity the default chain found could not be used or was refused{code} (the log has the whole cause)"
                 ))
             }
         }
