@@ -289,7 +289,13 @@ mod tests {
 
     #[test]
     fn bad_lease_names_are_refused() {
-        let a = parse(&["--leader-elect", "--leader-elect-lease", "Bad_Name"]).unwrap();
-        assert!(a.config(env(&[]), "ns").is_err());
+        // On the command line (or its env form): refused as it is parsed.
+        let e = parse(&["--leader-elect", "--leader-elect-lease", "Bad_Name"]).unwrap_err();
+        assert!(e.contains("DNS-1123"), "{e}");
+        let e = parse(&["--leader-elect", "--leader-elect-namespace", "a.b"]).unwrap_err();
+        assert!(e.contains("DNS-1123"), "{e}");
+        // From POD_NAMESPACE: refused when the settings are put together.
+        let a = parse(&["--leader-elect"]).unwrap();
+        assert!(a.config(env(&[("POD_NAMESPACE", "Bad_NS")]), "ns").is_err());
     }
 }

@@ -196,13 +196,15 @@ mod tests {
             || Err("no settings".into()),
             &mut padded(1024 * 1024).as_bytes(),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .message;
         assert!(err.contains("unsupported apiVersion"), "{err}");
         let err = respond(
             || Err("no settings".into()),
             &mut padded(1024 * 1024 + 1).as_bytes(),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .message;
         assert!(err.contains("larger than 1048576 bytes"), "{err}");
     }
 
