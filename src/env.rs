@@ -92,33 +92,32 @@ pub fn read_by(mode: Mode) -> Vec<Group> {
 
 /// What the compiled-in providers read.
 fn providers() -> Vec<Group> {
-    #[allow(unused_mut)]
-    let mut out = Vec::new();
-    #[cfg(feature = "aws")]
-    out.push(Group {
-        title: "aws",
-        vars: vec![regbroker_aws::ECR_RATE_ENV, regbroker_aws::STS_RATE_ENV],
-        note: "and the AWS SDK's own (AWS_REGION, AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE, AWS_CONTAINER_CREDENTIALS_FULL_URI, AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_ENDPOINT_URL, ...)",
-    });
-    #[cfg(feature = "azure")]
-    out.push(Group {
-        title: "azure",
-        vars: regbroker_azure::Env::NAMES.to_vec(),
-        note: "",
-    });
-    #[cfg(feature = "gcp")]
-    out.push(Group {
-        title: "gcp",
-        vars: vec![
-            regbroker_gcp::CREDENTIALS_ENV,
-            regbroker_gcp::METADATA_HOST_ENV,
-            regbroker_gcp::workload::GKE_CLUSTER_ENV,
-            regbroker_gcp::workload::STS_URL_ENV,
-            regbroker_gcp::workload::IAM_CREDENTIALS_URL_ENV,
-        ],
-        note: "",
-    });
-    out
+    vec![
+        #[cfg(feature = "aws")]
+        Group {
+            title: "aws",
+            vars: vec![regbroker_aws::ECR_RATE_ENV, regbroker_aws::STS_RATE_ENV],
+            note: "and the AWS SDK's own (AWS_REGION, AWS_ROLE_ARN, AWS_WEB_IDENTITY_TOKEN_FILE, AWS_CONTAINER_CREDENTIALS_FULL_URI, AWS_ACCESS_KEY_ID, AWS_PROFILE, AWS_ENDPOINT_URL, ...)",
+        },
+        #[cfg(feature = "azure")]
+        Group {
+            title: "azure",
+            vars: regbroker_azure::Env::NAMES.to_vec(),
+            note: "",
+        },
+        #[cfg(feature = "gcp")]
+        Group {
+            title: "gcp",
+            vars: vec![
+                regbroker_gcp::CREDENTIALS_ENV,
+                regbroker_gcp::METADATA_HOST_ENV,
+                regbroker_gcp::workload::GKE_CLUSTER_ENV,
+                regbroker_gcp::workload::STS_URL_ENV,
+                regbroker_gcp::workload::IAM_CREDENTIALS_URL_ENV,
+            ],
+            note: "",
+        },
+    ]
 }
 
 /// `--help`'s section for `mode`.

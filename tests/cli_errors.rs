@@ -60,7 +60,8 @@ fn named(text: &str, var: &str) -> usize {
 #[test]
 fn a_failure_is_said_once_without_colour_into_a_pipe() {
     // A runtime failure (the metadata server refuses) and a configuration error.
-    let cases: [(&[(&str, &str)], &str, i32); 2] = [
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Env, &str, i32); 2] = [
         (
             &[("GCE_METADATA_HOST", "127.0.0.1:1")],
             "no credential: gcp",
