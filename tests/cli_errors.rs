@@ -442,3 +442,27 @@ fn docker_credential_regbroker_prints_usage() {
         "{stdout}"
     );
 }
+
+/// An identity failure says to run `regbroker doctor`, once, in every one-off mode (the
+/// endpoint's answer is tested in tests/endpoint.rs).
+#[test]
+fn an_identity_failure_points_to_doctor_once() {
+    let closed = [("GCE_METADATA_HOST", "127.0.0.1:1")];
+    for (args, stdin) in [RESOLVE, HELPER, KUBELET] {
+        let (code, stdout, stderr) = run(args, &closed, stdin);
+        let said = format!("{stdout}{stderr}");
+        assert_eq!(code, Some(1), "{args:?}: {said}");
+        assert!(said.contains("no GCP identity"), "{args:?}: {said}");
+        assert_eq!(
+            said.matches("run `regbroker doctor`").count(),
+            1,
+            "{args:?}: {said}"
+        );
+    }
+    // doctor itself does not send the user to doctor.
+    let (_, stdout, stderr) = run(&["doctor", "gcr.io"], &closed, "");
+    assert!(
+        !stdout.contains("run `regbroker doctor`"),
+        "{stdout}{stderr}"
+    );
+}
