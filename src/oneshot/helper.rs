@@ -11,8 +11,8 @@
 //! - `list`: `{"registry":"username",...}` for the static entries.
 //! - `version`: one line.
 //!
-//! Errors go to stdout with exit code 1, as the protocol wants. Settings come from the
-//! environment ([`super::backend`]).
+//! Errors go to stdout with exit code 1, as the protocol wants (64 when the settings are
+//! invalid). Settings come from the environment ([`super::backend`]).
 
 use std::io::{Read, Write};
 

@@ -6,7 +6,7 @@
 //! a `CredentialProviderResponse` from stdout: `cacheKeyType: Registry`, a `cacheDuration`
 //! (Go duration) from the credential's remaining usable life, and `auth` keyed by the
 //! registry, or an empty `auth` for images regbroker does not serve. A wrong apiVersion or
-//! kind, or malformed JSON, is an error on stderr with exit code 1.
+//! kind, or malformed JSON, is an error on stderr with exit code 1 (64: invalid settings).
 //!
 //! With a `serviceAccountToken` (KEP-4412, the kubelet's `tokenAttributes`), the pull is
 //! the workload's own: the ServiceAccount is read from the token's claims, the cloud
