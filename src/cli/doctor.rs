@@ -476,3 +476,20 @@ fn shown(s: &str) -> String {
         .map(|c| if c.is_ascii_graphic() { c } else { '?' })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The note on a skipped ambient identity says what was tried, and never denies that
+    /// an identity exists: the finding it is appended to may have found and used one
+    /// (IMDS, the metadata server, a managed identity).
+    #[test]
+    fn the_not_counted_note_never_denies_a_found_identity() {
+        for name in KNOWN {
+            let note = not_counted(name);
+            assert!(!note.contains("configured"), "{note}");
+            assert!(note.contains("ambient metadata endpoint"), "{note}");
+        }
+    }
+}
