@@ -18,6 +18,8 @@
 //! - the ways out: [`sinks`], the docker config file and the Kubernetes Secret sync, with
 //!   [`kubernetes`] holding the API client set-up;
 //! - [`cli`], the command line: flags and env, logging, one file per mode, exit codes;
+//! - [`env`], how environment values read (one boolean rule) and which variables each
+//!   mode reads besides its flags' env forms (what `--help` lists);
 //! - [`metrics`], counted by the core and the endpoint alike, so it sits beside both.
 //!
 //! Providers live in their own crates behind the narrow interface of
@@ -28,6 +30,7 @@
 
 pub mod broker;
 pub mod cli;
+pub mod env;
 pub mod kubernetes;
 pub mod metrics;
 pub mod oneshot;

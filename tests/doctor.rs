@@ -152,20 +152,51 @@ fn unknown_host_fails_naming_the_rule_that_would_route_it() {
         "{}",
         run.out
     );
-    assert!(
-        run.out
-            .contains(r#"[[rule]] match = "registry.example.com""#),
-        "{}",
-        run.out
-    );
+    let rule = suggested_rule(&run.out);
+    assert_eq!(rule.0, "registry.example.com", "{}", run.out);
     // A custom ECR-ish name gets the aws rule with the options it needs.
     let run = doctor(&["--provider", "gcp", "ecr-proxy.internal.example"], &[]);
-    assert!(
-        run.out
-            .contains(r#"source = "aws" options = { region = "REGION", account = "ACCOUNT" }"#),
+    let rule = suggested_rule(&run.out);
+    assert_eq!(
+        rule,
+        ("ecr-proxy.internal.example".into(), "aws".into()),
         "{}",
         run.out
     );
+    assert!(run.out.contains("options = { region = "), "{}", run.out);
+}
+
+/// The rule `doctor` suggests, pasted as it is printed into a config file and read by
+/// the config parser: the host it routes and the source it names.
+fn suggested_rule(out: &str) -> (String, String) {
+    // The fix's lines after its first, as printed (indented by ten spaces).
+    let snippet: String = out
+        .lines()
+        .skip_while(|l| l.trim() != "[[rule]]")
+        .take_while(|l| l.starts_with("          "))
+        .map(|l| format!("{}\n", l.trim()))
+        .collect();
+    let providers = regbroker::broker::providers::Providers::from_env().unwrap();
+    let config = regbroker::broker::config::parse(&snippet, &providers)
+        .unwrap_or_else(|e| panic!("the suggested rule is not a valid config: {e}\n{snippet}"));
+    let rules = config.router.rules();
+    assert_eq!(rules.len(), 1, "{snippet}");
+    let host = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("match = "))
+        .unwrap()
+        .trim_matches('"')
+        .to_string();
+    let registry = regbroker_provider::Registry::parse(&host).unwrap();
+    let (_, rule) = config
+        .router
+        .route(&registry)
+        .expect("the rule routes its host");
+    let source = match &rule.source {
+        regbroker::broker::routing::Source::Provider { name, .. } => name.to_string(),
+        other => format!("{other:?}"),
+    };
+    (host, source)
 }
 
 #[test]

@@ -194,12 +194,12 @@ async fn upstream_failures_map_to_statuses() {
         let (got, body) = srv.credentials("a.fake.test").await;
         assert_eq!(got, status, "{body}");
         assert_eq!(body["error"]["code"], code);
-        assert!(
-            body["error"]["message"]
-                .as_str()
-                .unwrap()
-                .starts_with("fake: ")
-        );
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.starts_with("fake: "), "{message}");
+        // An identity failure says what to run next, once; no other failure does.
+        let hints = message.matches("regbroker doctor").count();
+        let want = usize::from(status == 403);
+        assert_eq!(hints, want, "{code}: {message}");
         // The failure is remembered briefly so the upstream is not hammered...
         let (got, _) = srv.credentials("a.fake.test").await;
         assert_eq!(got, status);
@@ -485,4 +485,50 @@ async fn a_request_past_the_request_timeout_gets_504_and_the_default_is_60_s() {
     let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["error"]["code"], "request_timeout");
     srv.fake.open_gate();
+}
+
+#[tokio::test]
+async fn a_wrong_method_gets_the_json_error_body_and_allow() {
+    let srv = TestServer::builder().start().await;
+    for (method, path) in [
+        (
+            reqwest::Method::POST,
+            "/v1/credentials?registry=a.fake.test",
+        ),
+        (reqwest::Method::DELETE, "/v1/credentials"),
+        (reqwest::Method::PUT, "/v1/providers"),
+        (reqwest::Method::POST, "/healthz"),
+        (reqwest::Method::PATCH, "/metrics"),
+    ] {
+        let res = srv
+            .client
+            .request(method.clone(), format!("{}{path}", srv.base))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 405, "{method} {path}");
+        let allow = res
+            .headers()
+            .get("allow")
+            .map(|v| v.to_str().unwrap().to_string());
+        assert!(
+            allow.as_deref().is_some_and(|a| a.contains("GET")),
+            "{method} {path}: Allow {allow:?}"
+        );
+        assert_eq!(
+            res.headers().get("content-type").unwrap(),
+            "application/json",
+            "{method} {path}"
+        );
+        let body: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "method_not_allowed", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(method.as_str()),
+            "{body}"
+        );
+    }
+    assert_eq!(srv.fake.calls(), 0);
 }

@@ -480,12 +480,13 @@ fn the_credential_helper_reaches_an_https_sidecar_with_the_ca_file() {
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("\"Secret\":\"pw\""), "{out}");
 
-    // Without the CA file: a clear error naming the variable, before any connection.
+    // Without the CA file: a clear error naming the variable, before any connection
+    // (invalid settings: exit 64).
     let (code, out) = helper(&[
         ("REGBROKER_ENDPOINT", &endpoint),
         ("REGBROKER_AUTH_TOKEN_FILE", &token),
     ]);
-    assert_eq!(code, Some(1), "{out}");
+    assert_eq!(code, Some(64), "{out}");
     assert!(out.contains("REGBROKER_CA_FILE"), "{out}");
 
     // With a CA that did not sign the sidecar's certificate: the handshake fails, the

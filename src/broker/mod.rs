@@ -92,8 +92,10 @@ pub enum BrokerError {
     /// Nothing serves this registry.
     #[error("{0}")]
     NotConfigured(String),
-    /// A provider failed.
-    #[error("{provider}: {error}")]
+    /// A provider failed. An identity failure ends with [`DOCTOR_HINT`]: every surface
+    /// (the HTTP answer, `resolve`, the helper, the kubelet mode) shows this message, so
+    /// the hint is added here, once.
+    #[error("{provider}: {error}{}", doctor_hint(error.kind()))]
     Provider {
         /// Which provider.
         provider: &'static str,
@@ -102,7 +104,30 @@ pub enum BrokerError {
     },
 }
 
+/// What an identity failure tells the user to do next.
+pub const DOCTOR_HINT: &str = "run `regbroker doctor` to check the identity";
+
+/// `"; DOCTOR_HINT"` for an identity failure, else nothing.
+pub(crate) fn doctor_hint(kind: ErrorKind) -> String {
+    match kind {
+        ErrorKind::IdentityMissing | ErrorKind::IdentityRejected => format!("; {DOCTOR_HINT}"),
+        _ => String::new(),
+    }
+}
+
 impl BrokerError {
+    /// The message without the [`DOCTOR_HINT`] (for `doctor` itself) and, with `chain`,
+    /// with the provider error's causes (for a human at a terminal).
+    pub fn detail(&self, chain: bool) -> String {
+        match self {
+            BrokerError::NotConfigured(m) => m.clone(),
+            BrokerError::Provider { provider, error } if chain => {
+                format!("{provider}: {}", error.chain())
+            }
+            BrokerError::Provider { provider, error } => format!("{provider}: {error}"),
+        }
+    }
+
     /// The error kind, for status mapping.
     pub fn kind(&self) -> ErrorKind {
         match self {
@@ -382,13 +407,14 @@ pub struct Built {
 pub fn build(config: Option<&PathBuf>, docker_config: &[PathBuf]) -> Result<Built, String> {
     let providers = Providers::from_env()?;
     let config = match config {
-        Some(path) => config::load(path, &providers).map_err(|e| e.to_string())?,
+        Some(path) => config::load(path, &providers)
+            .map_err(|e| format!("{e} (--config / REGBROKER_CONFIG)"))?,
         None => config::Config::default(),
     };
     let metrics = Arc::new(Metrics::new());
     let statics = Arc::new(
         static_secret::Store::open(docker_config.to_vec(), metrics.clone())
-            .map_err(|e| e.to_string())?,
+            .map_err(|e| format!("{e} (--docker-config / REGBROKER_DOCKER_CONFIG)"))?,
     );
     let broker = Broker::new(
         statics.clone(),

@@ -22,9 +22,9 @@ impl Providers {
             #[cfg(feature = "aws")]
             Arc::new(regbroker_aws::AwsProvider::from_env()?),
             #[cfg(feature = "azure")]
-            Arc::new(regbroker_azure::AzureProvider::from_env()),
+            Arc::new(regbroker_azure::AzureProvider::from_env()?),
             #[cfg(feature = "gcp")]
-            Arc::new(regbroker_gcp::GcpProvider::from_env()),
+            Arc::new(regbroker_gcp::GcpProvider::from_env()?),
         ];
         Ok(Providers { list })
     }

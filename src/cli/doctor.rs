@@ -161,10 +161,7 @@ pub(super) async fn run(args: DoctorArgs) -> Result<(), Failure> {
             for f in &mut findings {
                 if f.status == Status::Fail {
                     f.status = Status::Skip;
-                    f.detail = format!(
-                        "{} (not counted: no {name} identity is configured and no rule or REGISTRY uses {name})",
-                        f.detail
-                    );
+                    f.detail = format!("{} ({})", f.detail, not_counted(name));
                 }
             }
         }
@@ -214,6 +211,14 @@ pub(super) async fn run(args: DoctorArgs) -> Result<(), Failure> {
         Output::Json => println!("{}", render_json(&sections)),
     }
     if failed { Err(Failure::Checks) } else { Ok(()) }
+}
+
+/// Why a failure of an ambient identity is shown as `skip`. It says what was found (an
+/// ambient metadata endpoint), so it never contradicts a finding that an identity exists.
+fn not_counted(name: &str) -> String {
+    format!(
+        "not counted: {name} was only tried through an ambient metadata endpoint (no {name} identity variables are set), and no rule or REGISTRY uses {name}"
+    )
 }
 
 fn config_section(sources: &Sources, broker: &Broker) -> Section {
@@ -316,7 +321,7 @@ async fn registry_section(
         ),
         Ok(Err(e)) => Finding::fail(
             "registry.exchange",
-            format!("no credential: {e} ({})", e.kind().code()),
+            format!("no credential: {} ({})", e.detail(false), e.kind().code()),
             exchange_fix(e.kind()),
         ),
         Ok(Ok(s)) => {
@@ -354,24 +359,27 @@ fn exchange_fix(kind: regbroker_provider::ErrorKind) -> String {
     .to_string()
 }
 
-/// The rule that would route `registry`, for a host nothing recognises.
+/// The rule that would route `registry`, for a host nothing recognises: a TOML snippet
+/// that parses as it stands (placeholders are valid values, marked by comments), on
+/// lines of its own so it can be pasted.
 fn rule_for(registry: &Registry) -> String {
     let host = registry.host();
     let (source, options) = if host.contains("ecr") || host.contains("amazonaws") {
         (
-            "aws",
-            "\noptions = { region = \"REGION\", account = \"ACCOUNT\" }",
+            "\"aws\"",
+            "\noptions = { region = \"us-east-1\", account = \"123456789012\" }  # the registry's region and account",
         )
     } else if host.contains("azurecr") {
-        ("azure", "")
+        ("\"azure\"", "")
     } else if host.contains("gcr") || host.contains("pkg.dev") {
-        ("gcp", "")
+        ("\"gcp\"", "")
     } else {
-        ("aws|azure|gcp|static", "")
+        ("\"aws\"  # or \"azure\" or \"gcp\"", "")
     };
+    // A parsed registry is host[:port] (letters, digits, `.-:[]`): nothing to escape.
+    let pattern = format!("\"{registry}\"");
     format!(
-        "to log in to it, add to the config file (--config): [[rule]] match = \"{registry}\" source = \"{source}\"{}; or give it a static entry with --docker-config; only for a host you run: the rule hands that cloud's credentials to it",
-        options.replace('\n', " ")
+        "give it a static entry in a docker config (--docker-config), or add this rule to the config file (--config), only for a host you run (the rule hands that cloud's credentials to it):\n[[rule]]\nmatch = {pattern}\nsource = {source}{options}"
     )
 }
 
@@ -390,7 +398,15 @@ fn render_text(sections: &[Section]) -> String {
             };
             out.push_str(&format!("  {mark:<4}  {}: {}\n", f.check, f.detail));
             if let Some(fix) = &f.fix {
-                out.push_str(&format!("        fix: {fix}\n"));
+                // A fix of several lines (a config snippet) keeps them, indented.
+                let mut lines = fix.lines();
+                out.push_str(&format!(
+                    "        fix: {}\n",
+                    lines.next().unwrap_or_default()
+                ));
+                for line in lines {
+                    out.push_str(&format!("          {line}\n"));
+                }
             }
         }
     }
@@ -459,4 +475,21 @@ fn shown(s: &str) -> String {
         .take(80)
         .map(|c| if c.is_ascii_graphic() { c } else { '?' })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The note on a skipped ambient identity says what was tried, and never denies that
+    /// an identity exists: the finding it is appended to may have found and used one
+    /// (IMDS, the metadata server, a managed identity).
+    #[test]
+    fn the_not_counted_note_never_denies_a_found_identity() {
+        for name in KNOWN {
+            let note = not_counted(name);
+            assert!(!note.contains("configured"), "{note}");
+            assert!(note.contains("ambient metadata endpoint"), "{note}");
+        }
+    }
 }

@@ -17,7 +17,7 @@ use crate::kubernetes::lease::{self, Config};
 pub(super) struct LeaderElectArgs {
     /// Elect one leader among replicas on a coordination.k8s.io/v1 Lease: only the leader
     /// writes the synced Secrets; every replica serves HTTP.
-    #[arg(long, env = "REGBROKER_LEADER_ELECT", requires = "sync_secret")]
+    #[arg(long, env = "REGBROKER_LEADER_ELECT", requires = "sync_secret", value_parser = crate::env::parse_bool)]
     leader_elect: bool,
 
     /// The Lease's name.
@@ -25,7 +25,8 @@ pub(super) struct LeaderElectArgs {
         long,
         env = "REGBROKER_LEADER_ELECT_LEASE",
         value_name = "NAME",
-        default_value = "regbroker"
+        default_value = "regbroker",
+        value_parser = dns_subdomain
     )]
     leader_elect_lease: String,
 
@@ -34,7 +35,8 @@ pub(super) struct LeaderElectArgs {
     #[arg(
         long,
         env = "REGBROKER_LEADER_ELECT_NAMESPACE",
-        value_name = "NAMESPACE"
+        value_name = "NAMESPACE",
+        value_parser = dns_label
     )]
     leader_elect_namespace: Option<String>,
 
@@ -50,6 +52,31 @@ pub(super) struct LeaderElectArgs {
     /// How often the Lease is renewed, or tried by the others.
     #[arg(long, env = "REGBROKER_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
     leader_elect_retry_period: Duration,
+}
+
+/// A DNS-1123 subdomain (a Lease's name): lower-case letters, digits, `-`, `.`.
+fn dns_subdomain(s: &str) -> Result<String, String> {
+    if is_dns(s, 253) {
+        Ok(s.to_string())
+    } else {
+        Err("not a DNS-1123 subdomain (lower-case letters, digits, '-', '.', at most 253)".into())
+    }
+}
+
+/// A DNS-1123 label (a namespace): lower-case letters, digits, `-`.
+fn dns_label(s: &str) -> Result<String, String> {
+    if is_dns(s, 63) && !s.contains('.') {
+        Ok(s.to_string())
+    } else {
+        Err("not a DNS-1123 label (lower-case letters, digits, '-', at most 63)".into())
+    }
+}
+
+fn is_dns(s: &str, max: usize) -> bool {
+    !s.is_empty()
+        && s.len() <= max
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 impl LeaderElectArgs {
@@ -109,12 +136,7 @@ impl LeaderElectArgs {
 
     fn check(&self, config: &Config) -> Result<(), String> {
         config.validate()?;
-        let valid = |s: &str, max: usize| {
-            !s.is_empty()
-                && s.len() <= max
-                && s.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        };
+        let valid = is_dns;
         if !valid(&config.name, 253) {
             return Err(format!(
                 "--leader-elect-lease {:?} is not a DNS-1123 subdomain",
@@ -123,7 +145,7 @@ impl LeaderElectArgs {
         }
         if !valid(&config.namespace, 63) || config.namespace.contains('.') {
             return Err(format!(
-                "--leader-elect-namespace {:?} is not a DNS-1123 label",
+                "--leader-elect-namespace (or POD_NAMESPACE) {:?} is not a DNS-1123 label",
                 config.namespace
             ));
         }
@@ -267,7 +289,13 @@ mod tests {
 
     #[test]
     fn bad_lease_names_are_refused() {
-        let a = parse(&["--leader-elect", "--leader-elect-lease", "Bad_Name"]).unwrap();
-        assert!(a.config(env(&[]), "ns").is_err());
+        // On the command line (or its env form): refused as it is parsed.
+        let e = parse(&["--leader-elect", "--leader-elect-lease", "Bad_Name"]).unwrap_err();
+        assert!(e.contains("DNS-1123"), "{e}");
+        let e = parse(&["--leader-elect", "--leader-elect-namespace", "a.b"]).unwrap_err();
+        assert!(e.contains("DNS-1123"), "{e}");
+        // From POD_NAMESPACE: refused when the settings are put together.
+        let a = parse(&["--leader-elect"]).unwrap();
+        assert!(a.config(env(&[("POD_NAMESPACE", "Bad_NS")]), "ns").is_err());
     }
 }

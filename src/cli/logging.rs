@@ -1,5 +1,7 @@
 //! Logging: text or JSON on stderr, the user's `REGBROKER_LOG` filter, and caps on the
-//! library targets that would log secrets, which no user filter can lift.
+//! library targets that would log secrets, which no user filter can lift. Text is
+//! coloured only when stderr is a terminal and `NO_COLOR` is unset or empty
+//! (<https://no-color.org>).
 
 use clap::ValueEnum;
 
@@ -39,13 +41,45 @@ where
     user.and(caps)
 }
 
+/// The env var holding the user's log filter.
+pub(super) const LOG_ENV: &str = "REGBROKER_LOG";
+
+/// Whether text on stderr gets ANSI colour: only on a terminal, and never when `NO_COLOR`
+/// is set to a non-empty value (<https://no-color.org>).
+pub(super) fn use_colour(stderr_is_terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Whether this process's stderr gets colour (see [`use_colour`]).
+pub(super) fn stderr_colour() -> bool {
+    use std::io::IsTerminal as _;
+    use_colour(
+        std::io::stderr().is_terminal(),
+        std::env::var_os("NO_COLOR").as_deref(),
+    )
+}
+
 /// Installs the global subscriber: `REGBROKER_LOG` (or `default_level`) under the caps.
-pub(super) fn init_tracing(format: LogFormat, default_level: &str) {
+/// An invalid `REGBROKER_LOG` is a configuration error naming the variable.
+pub(super) fn init_tracing(format: LogFormat, default_level: &str) -> Result<(), String> {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let user = std::env::var("REGBROKER_LOG").unwrap_or_else(|_| default_level.to_string());
-    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let user = match std::env::var(LOG_ENV) {
+        Ok(v) if !v.trim().is_empty() => v,
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(format!("{LOG_ENV} is not valid UTF-8"));
+        }
+        _ => default_level.to_string(),
+    };
+    if let Err(e) = tracing_subscriber::EnvFilter::try_new(&user) {
+        return Err(format!(
+            "{LOG_ENV}: not a log filter ({e}); use a level such as `info` or directives such as `regbroker=debug`"
+        ));
+    }
+    let layer = tracing_subscriber::fmt::layer()
+        .with_ansi(stderr_colour())
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => tracing_subscriber::registry()
             .with(layer.with_filter(log_filter(&user)))
@@ -59,6 +93,7 @@ pub(super) fn init_tracing(format: LogFormat, default_level: &str) {
             )
             .try_init(),
     };
+    Ok(())
 }
 
 #[cfg(test)]
@@ -67,6 +102,27 @@ mod tests {
 
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        use std::ffi::OsStr;
+        let cases = [
+            (true, None, true),
+            (true, Some(""), true),
+            (true, Some("1"), false),
+            (true, Some("false"), false),
+            (false, None, false),
+            (false, Some(""), false),
+            (false, Some("1"), false),
+        ];
+        for (tty, no_color, want) in cases {
+            assert_eq!(
+                super::use_colour(tty, no_color.map(OsStr::new)),
+                want,
+                "terminal {tty}, NO_COLOR {no_color:?}"
+            );
+        }
+    }
 
     #[derive(Clone, Default)]
     struct Capture(Arc<Mutex<Vec<u8>>>);

@@ -21,7 +21,7 @@ pub use logging::log_filter;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use crate::broker::Built;
 use crate::oneshot::backend::Settings;
@@ -104,17 +104,35 @@ pub fn main() -> ExitCode {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     if invoked_as.starts_with("docker-credential-") {
-        init_tracing(LogFormat::Text, "warn");
-        let action = args
-            .next()
-            .map(|a| a.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        return helper_mode(&action, None);
+        let action = args.next().map(|a| a.to_string_lossy().into_owned());
+        match action.as_deref() {
+            Some("--help" | "-h" | "help") => {
+                println!("{}", helper_usage(&invoked_as));
+                return ExitCode::SUCCESS;
+            }
+            Some("--version" | "-v") => return helper_mode("version", None),
+            // As docker-credential-helpers: usage on stderr, exit 1.
+            None | Some("") => {
+                eprintln!("{}", helper_usage(&invoked_as));
+                return ExitCode::FAILURE;
+            }
+            Some(_) => {}
+        }
+        if let Err(msg) = init_tracing(LogFormat::Text, "warn") {
+            return report(LogFormat::Text, Failure::Config(msg));
+        }
+        return helper_mode(action.as_deref().unwrap_or_default(), None);
     }
 
-    let cli = match Cli::try_parse() {
+    let parsed = command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
+            if let Some(msg) = env_value_error(&e, &std::env::args_os().collect::<Vec<_>>()) {
+                return report(LogFormat::Text, Failure::Config(msg));
+            }
             let _ = e.print();
             return if e.use_stderr() {
                 ExitCode::from(EXIT_CONFIG)
@@ -125,11 +143,15 @@ pub fn main() -> ExitCode {
     };
     let default_level = match cli.command {
         Command::Serve(_) => "info",
-        // The report says what failed; the broker's warnings would only repeat it.
-        Command::Doctor(_) => "error",
+        // The report (doctor) or the final line (resolve, with the causes) says what
+        // failed; the broker's warnings would only repeat it.
+        Command::Doctor(_) | Command::Resolve(_) => "error",
         _ => "warn",
     };
-    init_tracing(cli.log_format, default_level);
+    let format = cli.log_format;
+    if let Err(msg) = init_tracing(format, default_level) {
+        return report(format, Failure::Config(msg));
+    }
     let command = match cli.command {
         Command::CredentialHelper(args) => return helper_mode(&args.action, args.endpoint),
         Command::KubeletCredentialProvider => {
@@ -164,23 +186,126 @@ pub fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Config(msg)) => {
-            tracing::error!("{msg}");
-            eprintln!("regbroker: invalid configuration: {msg}");
-            ExitCode::from(EXIT_CONFIG)
-        }
-        Err(Failure::Usage(msg)) => {
-            eprintln!("regbroker: {msg}");
-            ExitCode::from(EXIT_CONFIG)
-        }
-        // The report on stdout already says which check failed and why.
-        Err(Failure::Checks) => ExitCode::FAILURE,
-        Err(Failure::Runtime(msg)) => {
-            tracing::error!("{msg}");
-            eprintln!("regbroker: {msg}");
-            ExitCode::FAILURE
-        }
+        Err(failure) => report(format, failure),
     }
+}
+
+/// The command line, each mode's `--help` ending with the variables it reads besides
+/// its flags' env forms.
+fn command() -> clap::Command {
+    use crate::env::{Mode, help_section};
+    let mut cmd = Cli::command();
+    for (name, mode) in [
+        ("serve", Mode::Serve),
+        ("resolve", Mode::Check),
+        ("doctor", Mode::Check),
+        ("credential-helper", Mode::OneShot),
+        ("kubelet-credential-provider", Mode::OneShot),
+    ] {
+        cmd = cmd.mut_subcommand(name, |c| c.after_help(help_section(mode)));
+    }
+    cmd
+}
+
+/// Every variable the mode `name` (a subcommand) reads: its flags' env forms and the
+/// rest (see [`crate::env::read_by`]); `--help` lists them all.
+pub fn env_vars(name: &str) -> Vec<String> {
+    let cmd = command();
+    let mut out: Vec<String> = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned())
+        .collect();
+    if let Some(sub) = cmd.find_subcommand(name) {
+        out.extend(
+            sub.get_arguments()
+                .filter_map(|a| a.get_env())
+                .map(|v| v.to_string_lossy().into_owned()),
+        );
+    }
+    let mode = match name {
+        "serve" => crate::env::Mode::Serve,
+        "credential-helper" | "kubelet-credential-provider" => crate::env::Mode::OneShot,
+        _ => crate::env::Mode::Check,
+    };
+    for g in crate::env::read_by(mode) {
+        out.extend(g.vars.iter().map(|v| v.to_string()));
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// `docker-credential-regbroker --help`: the protocol's usage, then the environment.
+fn helper_usage(name: &str) -> String {
+    format!(
+        "Usage: {name} <get|store|erase|list|version>\n\n\
+         The docker credential helper protocol: `get` reads a registry (host, host:port or URL)\n\
+         on stdin and prints its credential as JSON; `list` prints the static entries;\n\
+         `store` and `erase` succeed and change nothing; `version` prints the version.\n\n{}",
+        crate::env::help_section(crate::env::Mode::OneShot)
+    )
+}
+
+/// For clap's "invalid value" error about a flag that is not on the command line (so its
+/// value came from its env form), the message naming the variable rather than the flag.
+/// The value is not repeated: no flag with an env form holds a secret today, but a
+/// message about the environment should not depend on that.
+fn env_value_error(e: &clap::Error, argv: &[std::ffi::OsString]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        e.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return None;
+    }
+    let ContextValue::String(shown) = e.get(ContextKind::InvalidArg)? else {
+        return None;
+    };
+    // `--shutdown-grace <SHUTDOWN_GRACE>` or `--insecure-listen`.
+    let long = shown.split_whitespace().next()?.strip_prefix("--")?;
+    let on_command_line = argv.iter().skip(1).any(|a| {
+        let a = a.to_string_lossy();
+        a == format!("--{long}") || a.starts_with(&format!("--{long}="))
+    });
+    if on_command_line {
+        return None;
+    }
+    let var = find_env(&Cli::command(), long)?;
+    let why = match (e.kind(), std::error::Error::source(e)) {
+        (ErrorKind::ValueValidation, Some(source)) => source.to_string(),
+        _ => match e.get(ContextKind::ValidValue) {
+            Some(ContextValue::Strings(v)) => format!("expected one of {}", v.join(", ")),
+            _ => "invalid value".to_string(),
+        },
+    };
+    Some(format!("{var} (the env form of --{long}): {why}"))
+}
+
+/// The env var of the flag `--long` anywhere in `cmd`'s tree.
+fn find_env(cmd: &clap::Command, long: &str) -> Option<String> {
+    cmd.get_arguments()
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned())
+        .or_else(|| cmd.get_subcommands().find_map(|c| find_env(c, long)))
+}
+
+/// Says what failed, once: a final line on stderr for text logs, or one error event for
+/// JSON logs (a log collector then sees it with the rest). Returns the exit code.
+fn report(format: LogFormat, failure: Failure) -> ExitCode {
+    let (line, code) = match failure {
+        // The report on stdout already says which check failed and why.
+        Failure::Checks => return ExitCode::FAILURE,
+        Failure::Config(msg) => (format!("invalid configuration: {msg}"), EXIT_CONFIG),
+        Failure::Usage(msg) => (msg, EXIT_CONFIG),
+        Failure::Runtime(msg) => (msg, 1),
+    };
+    match format {
+        LogFormat::Json if tracing::dispatcher::has_been_set() => tracing::error!("{line}"),
+        _ => eprintln!("regbroker: {line}"),
+    }
+    ExitCode::from(code)
 }
 
 fn helper_mode(action: &str, endpoint: Option<String>) -> ExitCode {

@@ -45,7 +45,14 @@ pub(super) async fn run(args: ResolveArgs) -> Result<(), Failure> {
         .broker
         .serve(&registry, decision.route)
         .await
-        .map_err(|e| Failure::Runtime(format!("no credential: {e}")))?;
+        .map_err(|e| {
+            // The causes too: the broker's own warning about them is not shown by default.
+            Failure::Runtime(format!(
+                "no credential: {}{}",
+                e.detail(true),
+                crate::broker::doctor_hint(e.kind())
+            ))
+        })?;
     println!("username:  {}", served.credential.username());
     if args.show_secret {
         println!("password:  {}", served.credential.secret().expose_secret());

@@ -40,7 +40,7 @@ pub(super) struct ServeArgs {
     /// Allow listening on a non-loopback address without a token or without TLS. Anyone
     /// who can reach (or watch) the port gets registry credentials: only for networks you
     /// fully control.
-    #[arg(long, env = "REGBROKER_INSECURE_LISTEN")]
+    #[arg(long, env = "REGBROKER_INSECURE_LISTEN", value_parser = crate::env::parse_bool)]
     insecure_listen: bool,
 
     /// Serve TLS on the TCP listener with this PEM certificate chain (leaf first); read
@@ -114,7 +114,11 @@ fn parse_registry(s: &str) -> Result<Registry, String> {
 pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
     let bearer_token = match &args.auth_token_file {
         Some(p) => Some(Arc::new(
-            crate::server::access::read_token_file(p).map_err(Failure::Config)?,
+            crate::server::access::read_token_file(p).map_err(|e| {
+                Failure::Config(format!(
+                    "{e} (--auth-token-file / REGBROKER_AUTH_TOKEN_FILE)"
+                ))
+            })?,
         )),
         None => None,
     };
@@ -131,7 +135,11 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
                 cert: cert.clone(),
                 key: key.clone(),
             })
-            .map_err(Failure::Config)?,
+            .map_err(|e| {
+                Failure::Config(format!(
+                    "{e} (--tls-cert-file / REGBROKER_TLS_CERT_FILE, --tls-key-file / REGBROKER_TLS_KEY_FILE)"
+                ))
+            })?,
         )),
         _ => None,
     };

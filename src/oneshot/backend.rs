@@ -107,7 +107,7 @@ pub struct Settings {
     pub cache_dir: Option<PathBuf>,
     /// Bearer token file for the sidecar (`REGBROKER_AUTH_TOKEN_FILE`).
     pub auth_token_file: Option<PathBuf>,
-    /// Allow an `http://` sidecar that is not on loopback (`REGBROKER_INSECURE_ENDPOINT=1`):
+    /// Allow an `http://` sidecar that is not on loopback (`REGBROKER_INSECURE_ENDPOINT=true`):
     /// the bearer token and the credentials then cross the network in cleartext.
     pub insecure_endpoint: bool,
     /// CA certificates for an `https://` sidecar (`REGBROKER_CA_FILE`).
@@ -124,8 +124,8 @@ impl Settings {
                 .map(|s| s.parse())
                 .transpose()
                 .map_err(|e| format!("{ENDPOINT_ENV}: {e}"))?,
-            config: nonempty("REGBROKER_CONFIG").map(PathBuf::from),
-            docker_config: nonempty("REGBROKER_DOCKER_CONFIG")
+            config: nonempty(CONFIG_ENV).map(PathBuf::from),
+            docker_config: nonempty(DOCKER_CONFIG_ENV)
                 .map(|s| {
                     s.split(',')
                         .filter(|p| !p.is_empty())
@@ -134,12 +134,22 @@ impl Settings {
                 })
                 .unwrap_or_default(),
             cache_dir: nonempty(crate::oneshot::disk_cache::ENV).map(PathBuf::from),
-            auth_token_file: nonempty("REGBROKER_AUTH_TOKEN_FILE").map(PathBuf::from),
+            auth_token_file: nonempty(AUTH_TOKEN_FILE_ENV).map(PathBuf::from),
             ca_file: nonempty(CA_FILE_ENV).map(PathBuf::from),
-            insecure_endpoint: nonempty(INSECURE_ENDPOINT_ENV).is_some_and(|v| v == "1"),
+            insecure_endpoint: crate::env::bool_var(
+                INSECURE_ENDPOINT_ENV,
+                var(INSECURE_ENDPOINT_ENV).as_deref(),
+            )?,
         })
     }
 }
+
+/// Env var naming the config file (rules, cache settings).
+pub const CONFIG_ENV: &str = "REGBROKER_CONFIG";
+/// Env var listing docker config files or Secret directories, comma-separated.
+pub const DOCKER_CONFIG_ENV: &str = "REGBROKER_DOCKER_CONFIG";
+/// Env var naming the sidecar's bearer token file.
+pub const AUTH_TOKEN_FILE_ENV: &str = "REGBROKER_AUTH_TOKEN_FILE";
 
 /// Env var that allows a cleartext `http://` sidecar off loopback.
 pub const INSECURE_ENDPOINT_ENV: &str = "REGBROKER_INSECURE_ENDPOINT";
@@ -161,7 +171,10 @@ impl Backend {
     pub fn new(settings: &Settings) -> Result<Backend, String> {
         if let Some(e) = &settings.endpoint {
             let token = match &settings.auth_token_file {
-                Some(p) => Some(crate::server::access::read_token_file(p)?),
+                Some(p) => Some(
+                    crate::server::access::read_token_file(p)
+                        .map_err(|e| format!("{e} (REGBROKER_AUTH_TOKEN_FILE)"))?,
+                ),
                 None => None,
             };
             if let Endpoint::Http(authority) = e
@@ -169,7 +182,7 @@ impl Backend {
                 && !settings.insecure_endpoint
             {
                 return Err(format!(
-                    "{ENDPOINT_ENV} is http:// to {authority}, which is not loopback: the bearer token and every credential would cross the network in cleartext. Use https:// with {CA_FILE_ENV}, or set {INSECURE_ENDPOINT_ENV}=1 if the network is already encrypted (a service mesh)"
+                    "{ENDPOINT_ENV} is http:// to {authority}, which is not loopback: the bearer token and every credential would cross the network in cleartext. Use https:// with {CA_FILE_ENV}, or set {INSECURE_ENDPOINT_ENV}=true if the network is already encrypted (a service mesh)"
                 ));
             }
             let tls = match (e, &settings.ca_file) {
@@ -238,8 +251,10 @@ impl Backend {
                     Ok(Lookup::NotFound)
                 }
                 Err(e) => {
+                    // The broker has logged a failed fetch with its causes; this only adds
+                    // them for a provider that refused the route itself.
                     if let BrokerError::Provider { error, .. } = &e {
-                        tracing::warn!(error = %error.chain(), "Credential lookup failed");
+                        tracing::debug!(error = %error.chain(), "Credential lookup failed");
                     }
                     Err(e.to_string())
                 }
@@ -551,7 +566,8 @@ mod tests {
             &mut out,
         );
         let out = String::from_utf8(out).unwrap();
-        assert_eq!(code, 1, "{out}");
+        // Invalid settings: exit 64.
+        assert_eq!(code, 64, "{out}");
         assert!(out.contains("REGBROKER_CACHE_DIR"), "{out}");
         assert!(out.contains("owned by uid"), "{out}");
         assert!(!out.contains("static-pw"), "{out}");

@@ -11,14 +11,15 @@
 //! - `list`: `{"registry":"username",...}` for the static entries.
 //! - `version`: one line.
 //!
-//! Errors go to stdout with exit code 1, as the protocol wants. Settings come from the
-//! environment ([`super::backend`]).
+//! Errors go to stdout with exit code 1, as the protocol wants (64 when the settings are
+//! invalid). Settings come from the environment ([`super::backend`]).
 
 use std::io::{Read, Write};
 
 use regbroker_provider::{ExposeSecret, Registry};
 
-use super::backend::{Backend, Lookup, Settings};
+use super::Failed;
+use super::backend::{Lookup, Settings};
 use super::stdin::{block_on, read_limited};
 
 /// The protocol's "no credentials" message, to the byte.
@@ -49,17 +50,18 @@ pub fn run(
             "docker-credential-regbroker (regbroker) {}",
             env!("CARGO_PKG_VERSION")
         )
-        .map_err(|e| e.to_string()),
+        .map_err(|e| e.to_string().into()),
         other => Err(format!(
             "unknown credential helper action `{}` (expected get, store, erase, list or version)",
             other.chars().take(32).collect::<String>()
-        )),
+        )
+        .into()),
     };
     match result {
         Ok(()) => 0,
-        Err(message) => {
-            let _ = writeln!(stdout, "{message}");
-            1
+        Err(failed) => {
+            let _ = writeln!(stdout, "{}", failed.message);
+            failed.code()
         }
     }
 }
@@ -80,13 +82,13 @@ fn get(
     settings: impl FnOnce() -> Result<Settings, String>,
     stdin: &mut dyn Read,
     stdout: &mut dyn Write,
-) -> Result<(), String> {
+) -> Result<(), Failed> {
     let server_url = read_server_url(stdin)?;
     let registry = Registry::parse(&server_url).map_err(|e| e.to_string())?;
-    let backend = Backend::new(&settings()?)?;
+    let backend = super::backend_from(settings)?;
     let lookup = block_on(backend.lookup(&registry))??;
     match lookup {
-        Lookup::NotFound => Err(NOT_FOUND.to_string()),
+        Lookup::NotFound => Err(NOT_FOUND.into()),
         Lookup::Found(c) => {
             let line = serde_json::to_string(&HelperCredential {
                 server_url: &server_url,
@@ -95,7 +97,7 @@ fn get(
             })
             .map(zeroize::Zeroizing::new)
             .map_err(|e| e.to_string())?;
-            writeln!(stdout, "{}", line.as_str()).map_err(|e| e.to_string())
+            writeln!(stdout, "{}", line.as_str()).map_err(|e| e.to_string().into())
         }
     }
 }
@@ -114,10 +116,10 @@ struct HelperCredential<'a> {
 fn list(
     settings: impl FnOnce() -> Result<Settings, String>,
     stdout: &mut dyn Write,
-) -> Result<(), String> {
-    let settings = settings()?;
-    let snapshot =
-        crate::broker::static_secret::load(&settings.docker_config).map_err(|e| e.to_string())?;
+) -> Result<(), Failed> {
+    let settings = settings().map_err(Failed::config)?;
+    let snapshot = crate::broker::static_secret::load(&settings.docker_config)
+        .map_err(|e| Failed::config(e.to_string()))?;
     let map: serde_json::Map<String, serde_json::Value> = snapshot
         .registries()
         .into_iter()
@@ -127,7 +129,7 @@ fn list(
                 .map(|c| (r.to_string(), c.username().into()))
         })
         .collect();
-    writeln!(stdout, "{}", serde_json::Value::Object(map)).map_err(|e| e.to_string())
+    writeln!(stdout, "{}", serde_json::Value::Object(map)).map_err(|e| e.to_string().into())
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! as docker reads an image reference ([`Registry::from_image_reference`]): `nginx:latest`
 //! is Docker Hub's, so on a node where nothing serves `docker.io` it gets the empty `auth`
 //! (exit 0). A wrong apiVersion or kind, malformed JSON, or an image the reference grammar
-//! refuses, is an error on stderr with exit code 1.
+//! refuses, is an error on stderr with exit code 1 (64: invalid settings).
 //!
 //! With a `serviceAccountToken` (KEP-4412, the kubelet's `tokenAttributes`), the pull is
 //! the workload's own: the ServiceAccount is read from the token's claims, the cloud
@@ -26,7 +26,7 @@ use std::time::Duration;
 use regbroker_provider::{ExposeSecret, Registry, SecretString, WorkloadIdentity};
 use serde::Deserialize;
 
-use super::backend::{Backend, Lookup, Settings};
+use super::backend::{Lookup, Settings};
 use super::stdin::{block_on, read_limited};
 use crate::broker::cache;
 
@@ -78,9 +78,9 @@ pub fn run(
                 1
             }
         },
-        Err(message) => {
-            let _ = writeln!(stderr, "regbroker: {message}");
-            1
+        Err(failed) => {
+            let _ = writeln!(stderr, "regbroker: {}", failed.message);
+            failed.code()
         }
     }
 }
@@ -88,7 +88,7 @@ pub fn run(
 fn respond(
     settings: impl FnOnce() -> Result<Settings, String>,
     stdin: &mut dyn Read,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, super::Failed> {
     // The request may carry the pod's service account token (KEP-4412): wipe it after use.
     let buf = zeroize::Zeroizing::new(read_limited(stdin, MAX_INPUT, "request")?);
     let mut req: Request = serde_json::from_slice(&buf).map_err(|e| {
@@ -104,12 +104,11 @@ fn respond(
             return Err(format!(
                 "unsupported apiVersion `{}` (this provider speaks {API_VERSION})",
                 other.chars().take(64).collect::<String>()
-            ));
+            )
+            .into());
         }
         None => {
-            return Err(format!(
-                "request has no apiVersion (expected {API_VERSION})"
-            ));
+            return Err(format!("request has no apiVersion (expected {API_VERSION})").into());
         }
     }
     if req.kind.as_deref() != Some("CredentialProviderRequest") {
@@ -133,7 +132,7 @@ fn respond(
         _ => None,
     };
 
-    let backend = Backend::new(&settings()?)?;
+    let backend = super::backend_from(settings)?;
     let config = backend.cache_config();
     let mut response = serde_json::json!({
         "apiVersion": API_VERSION,
@@ -201,13 +200,15 @@ mod tests {
             || Err("no settings".into()),
             &mut padded(1024 * 1024).as_bytes(),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .message;
         assert!(err.contains("unsupported apiVersion"), "{err}");
         let err = respond(
             || Err("no settings".into()),
             &mut padded(1024 * 1024 + 1).as_bytes(),
         )
-        .unwrap_err();
+        .unwrap_err()
+        .message;
         assert!(err.contains("larger than 1048576 bytes"), "{err}");
     }
 

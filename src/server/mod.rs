@@ -108,6 +108,7 @@ pub fn app_with(state: AppState, options: Options) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(guard, limit))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -125,6 +126,7 @@ pub fn probe_app(state: AppState) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
@@ -283,6 +285,19 @@ async fn metrics(State(state): State<AppState>) -> Response {
         state.metrics.encode(),
     )
         .into_response()
+}
+
+/// A known path with another method: the JSON error body like every other error (axum
+/// adds the `Allow` header).
+async fn method_not_allowed(method: axum::http::Method) -> AppError {
+    AppError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        code: "method_not_allowed",
+        message: format!(
+            "{} is not allowed here; every endpoint answers GET",
+            regbroker_provider::printable(method.as_str(), 16)
+        ),
+    }
 }
 
 async fn not_found() -> AppError {

@@ -166,7 +166,7 @@ pub fn map_credentials_error(err: &CredentialsError) -> Error {
                     .map(|c| format!(": AWS answered {c}"))
                     .unwrap_or_default();
                 Error::identity_rejected(format!(
-                    "an AWS identity is configured but could not be used or was refused{code} (the log has the whole cause)"
+                    "the AWS identity the default chain found could not be used or was refused{code} (the log has the whole cause)"
                 ))
             }
         }
@@ -226,5 +226,9 @@ mod tests {
         // Without a known code the message says so without guessing.
         let e = map_credentials_error(&CredentialsError::provider_error("something odd"));
         assert!(!e.to_string().contains("AWS answered"), "{e}");
+        // The chain may have found only the instance metadata identity: the message
+        // says an identity was found, not that one "is configured" (doctor would then
+        // contradict it when it notes that no identity variables are set).
+        assert!(!e.to_string().contains("configured"), "{e}");
     }
 }

@@ -106,20 +106,6 @@ impl Builder {
         Ok(AzureProvider::new(self, suffixes))
     }
 
-    /// Like [`Builder::build`], but an invalid suffix is logged and skipped.
-    pub(crate) fn build_lenient(self) -> AzureProvider {
-        let mut suffixes = Vec::new();
-        for raw in self.raw_suffixes() {
-            match host::parse_suffix(&raw) {
-                Ok(s) => push_suffix(&mut suffixes, s),
-                Err(e) => {
-                    tracing::warn!(error = %e, "Ignoring an invalid {ENV_ACR_SUFFIXES} entry")
-                }
-            }
-        }
-        AzureProvider::new(self, suffixes)
-    }
-
     /// The env's comma list followed by the builder's suffixes, blanks dropped.
     fn raw_suffixes(&self) -> Vec<String> {
         let from_env = self.env.get(ENV_ACR_SUFFIXES).unwrap_or_default();
@@ -179,16 +165,5 @@ mod tests {
             .build()
             .unwrap_err();
         assert_eq!(e.kind(), regbroker_provider::ErrorKind::InvalidConfig);
-    }
-
-    #[test]
-    fn from_env_style_build_skips_bad_suffixes() {
-        let p = AzureProvider::builder()
-            .env(Env::from_pairs([(
-                ENV_ACR_SUFFIXES,
-                "com,azurecr.contoso.example,*.x",
-            )]))
-            .build_lenient();
-        assert_eq!(p.acr_suffixes(), ["azurecr.contoso.example"]);
     }
 }

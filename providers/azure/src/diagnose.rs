@@ -312,20 +312,39 @@ impl AzureProvider {
                 ),
             );
         }
-        let fix = match error.kind() {
-            ErrorKind::IdentityMissing if imds => {
-                "no managed identity endpoint answered: on AKS, use Workload Identity (annotate the service account with azure.workload.identity/client-id, label the pod azure.workload.identity/use: \"true\")"
-            }
-            ErrorKind::IdentityMissing => "check that the token file is projected and readable",
-            ErrorKind::IdentityRejected => {
-                "check the identity's client id, tenant and secret: Entra ID refused them"
-            }
-            k if k.is_transient() => {
-                "check egress to the Entra ID authority (login.microsoftonline.com or AZURE_AUTHORITY_HOST): NetworkPolicy, proxy, DNS"
-            }
-            _ => "check the identity settings named above",
-        };
+        let fix = token_fix(error.kind(), id.kind, id.client_id.as_deref(), imds);
         Finding::fail(CHECK_TOKEN, error.message().to_string(), fix)
+    }
+}
+
+/// What to do about a failed token request, for the identity in use: a managed
+/// identity has no secret to check, a service principal has no token file.
+fn token_fix(error: ErrorKind, kind: Kind, client_id: Option<&str>, imds: bool) -> String {
+    const WORKLOAD: &str = "annotate the service account with azure.workload.identity/client-id, label the pod azure.workload.identity/use: \"true\"";
+    match (error, kind) {
+        (ErrorKind::IdentityMissing, Kind::Managed) if imds => format!(
+            "no managed identity endpoint answered: on AKS, use Workload Identity ({WORKLOAD})"
+        ),
+        (ErrorKind::IdentityMissing, Kind::Workload) => {
+            "check that the token file (AZURE_FEDERATED_TOKEN_FILE) is projected and readable".into()
+        }
+        (ErrorKind::IdentityRejected, Kind::ClientSecret) => {
+            "check AZURE_CLIENT_ID, AZURE_TENANT_ID and AZURE_CLIENT_SECRET: Entra ID refused the service principal (a wrong or expired secret, or another tenant)".into()
+        }
+        (ErrorKind::IdentityRejected, Kind::Managed) => match client_id {
+            Some(id) => format!(
+                "check that the user-assigned managed identity with client id {} is assigned to this VM or node (AZURE_CLIENT_ID names it)",
+                shown(id)
+            ),
+            None => "check that this VM or node has a system-assigned managed identity, or set AZURE_CLIENT_ID to the client id of a user-assigned one assigned to it (on AKS nodes, the kubelet identity: az aks show --query identityProfile.kubeletidentity.clientId); in a pod, prefer Workload Identity".into(),
+        },
+        (ErrorKind::IdentityRejected, Kind::Workload) => {
+            "check AZURE_CLIENT_ID and AZURE_TENANT_ID and the identity's federated credential: Entra ID refused them".into()
+        }
+        (k, _) if k.is_transient() => {
+            "check egress to the Entra ID authority (login.microsoftonline.com or AZURE_AUTHORITY_HOST): NetworkPolicy, proxy, DNS".into()
+        }
+        _ => "check the identity settings named above".into(),
     }
 }
 
@@ -367,4 +386,37 @@ fn shown(s: &str) -> String {
         .take(80)
         .map(|c| if c.is_ascii_graphic() { c } else { '?' })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The advice fits the identity: no secret for a managed identity, no token file for
+    /// a service principal.
+    #[test]
+    fn a_refused_identity_gets_advice_for_its_kind() {
+        let rejected = ErrorKind::IdentityRejected;
+        let system = token_fix(rejected, Kind::Managed, None, true);
+        assert!(
+            !system.contains("secret") && system.contains("system-assigned"),
+            "{system}"
+        );
+        let user = token_fix(rejected, Kind::Managed, Some("1111-2222"), true);
+        assert!(
+            !user.contains("secret") && user.contains("1111-2222"),
+            "{user}"
+        );
+        let app_service = token_fix(rejected, Kind::Managed, None, false);
+        assert!(!app_service.contains("secret"), "{app_service}");
+        let principal = token_fix(rejected, Kind::ClientSecret, None, false);
+        assert!(principal.contains("AZURE_CLIENT_SECRET"), "{principal}");
+        let workload = token_fix(rejected, Kind::Workload, None, false);
+        assert!(
+            !workload.contains("secret") && workload.contains("federated"),
+            "{workload}"
+        );
+        let missing = token_fix(ErrorKind::IdentityMissing, Kind::Workload, None, false);
+        assert!(missing.contains("AZURE_FEDERATED_TOKEN_FILE"), "{missing}");
+    }
 }

@@ -63,14 +63,41 @@ impl std::fmt::Debug for AzureProvider {
     }
 }
 
+/// Checks the URL and scope settings of `env` (the suffixes are checked by the builder).
+pub(crate) fn check_env(env: &Env) -> Result<(), String> {
+    if let Some(v) = env.get(ENV_EXCHANGE_URL)
+        && check_https_url(ENV_EXCHANGE_URL, v, true).is_err()
+    {
+        return Err(format!(
+            "{ENV_EXCHANGE_URL} must be an https URL without credentials (http only to loopback)"
+        ));
+    }
+    if let Some(v) = env.get(identity::AZURE_AUTHORITY_HOST)
+        && check_https_url(identity::AZURE_AUTHORITY_HOST, v, false).is_err()
+    {
+        return Err(format!(
+            "{} must be an https URL without credentials",
+            identity::AZURE_AUTHORITY_HOST
+        ));
+    }
+    if let Some(v) = env.get(ENV_SCOPE) {
+        check_scope(v).map_err(|e| format!("{ENV_SCOPE}: {e}"))?;
+    }
+    Ok(())
+}
+
 impl AzureProvider {
     /// A provider reading the process environment (a snapshot of [`Env::NAMES`]). Does no
-    /// I/O and no cloud call. An invalid `REGBROKER_AZURE_ACR_SUFFIXES` entry is logged
-    /// and ignored (use [`AzureProvider::builder`] to fail on it instead).
-    pub fn from_env() -> AzureProvider {
+    /// I/O and no cloud call. Fails on an invalid `REGBROKER_AZURE_ACR_SUFFIXES`,
+    /// `REGBROKER_AZURE_EXCHANGE_URL`, `REGBROKER_AZURE_SCOPE` or `AZURE_AUTHORITY_HOST`,
+    /// naming the variable, not its value (a configuration error: never ignored).
+    pub fn from_env() -> Result<AzureProvider, String> {
+        let env = Env::from_process();
+        check_env(&env)?;
         AzureProvider::builder()
-            .env(Env::from_process())
-            .build_lenient()
+            .env(env)
+            .build()
+            .map_err(|e| format!("{}: {}", crate::ENV_ACR_SUFFIXES, e.message()))
     }
 
     /// A builder starting from an empty env, the system clock, 3 SDK retries from 500 ms
@@ -510,9 +537,34 @@ mod tests {
     }
 
     #[test]
+    fn invalid_settings_are_errors_naming_the_variable() {
+        for (var, value) in [
+            (ENV_EXCHANGE_URL, "not a url"),
+            (ENV_EXCHANGE_URL, "http://acr.example.com/oauth2/exchange"),
+            (ENV_EXCHANGE_URL, "https://user:pw@acr.example.com/"),
+            (identity::AZURE_AUTHORITY_HOST, "http://login.example.com"),
+            (ENV_SCOPE, "two scopes"),
+        ] {
+            let e = check_env(&Env::from_pairs([(var, value)])).unwrap_err();
+            assert!(
+                e.starts_with(var) && !e.contains(value),
+                "{var}={value}: {e}"
+            );
+        }
+        assert!(
+            check_env(&Env::from_pairs([(
+                ENV_EXCHANGE_URL,
+                "http://127.0.0.1:1/x"
+            )]))
+            .is_ok()
+        );
+        assert!(check_env(&Env::from_pairs([(ENV_SCOPE, DEFAULT_SCOPE)])).is_ok());
+    }
+
+    #[test]
     fn from_env_is_fast_and_does_no_io() {
         let start = std::time::Instant::now();
-        let p = AzureProvider::from_env();
+        let p = AzureProvider::from_env().unwrap();
         assert!(p.http.get().is_none(), "HTTP client must be built lazily");
         assert!(start.elapsed() < Duration::from_millis(100));
     }

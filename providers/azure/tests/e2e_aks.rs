@@ -33,7 +33,7 @@ async fn e2e_real_cloud_aks_workload_identity_pulls_from_acr() {
     let host = std::env::var("REGBROKER_E2E_ACR_REGISTRY")
         .expect("REGBROKER_E2E_ACR_REGISTRY must name the ACR login server");
     let registry = Registry::parse(&host).unwrap();
-    let provider = AzureProvider::from_env();
+    let provider = AzureProvider::from_env().unwrap();
     let target = provider
         .recognise(&registry)
         .unwrap_or_else(|| panic!("{host} is not recognised as an ACR login server"));

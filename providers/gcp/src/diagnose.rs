@@ -20,6 +20,22 @@ const CHECK_IDENTITY: &str = "gcp.identity";
 const CHECK_METADATA: &str = "gcp.metadata_server";
 const CHECK_TOKEN: &str = "gcp.token";
 
+/// What to check when Google refused the identity, for the kind in use: a metadata
+/// server identity has no key and no workload identity provider of its own to check.
+fn rejected_fix(kind: IdentityKind) -> &'static str {
+    match kind {
+        IdentityKind::MetadataServer => {
+            "on GKE, check that Workload Identity is enabled on the node pool and that the pod's Kubernetes service account is bound to a Google service account (iam.gke.io/gcp-service-account) that may use it; on a VM, check the VM's service account and its access scopes"
+        }
+        IdentityKind::KeyFile => {
+            "check that the service account key in GOOGLE_APPLICATION_CREDENTIALS is not disabled or deleted, and that the service account is enabled"
+        }
+        _ => {
+            "check the identity's IAM bindings: the workload identity provider's attribute conditions and roles/iam.workloadIdentityUser on the impersonated service account"
+        }
+    }
+}
+
 /// The hint for a metadata server that does not answer.
 const NO_METADATA_FIX: &str = "on GKE, Workload Identity's metadata server does not reach pods with hostNetwork: true (they reach the node's own metadata, or nothing): run the pod without hostNetwork, and enable Workload Identity on the node pool (GKE_METADATA); elsewhere set GOOGLE_APPLICATION_CREDENTIALS to a service-account key or an external_account file, or GCE_METADATA_HOST to the metadata server's address";
 
@@ -210,11 +226,9 @@ impl GcpProvider {
                     e.message().to_string(),
                     "on GKE, bind the pod's Kubernetes service account to a Google service account (iam.gke.io/gcp-service-account) or grant the Workload Identity principal access",
                 ),
-                (ErrorKind::IdentityRejected, _) => Finding::fail(
-                    CHECK_TOKEN,
-                    e.message().to_string(),
-                    "check the identity's IAM bindings: the workload identity provider's attribute conditions and roles/iam.workloadIdentityUser on the impersonated service account, or that the key is not disabled",
-                ),
+                (ErrorKind::IdentityRejected, _) => {
+                    Finding::fail(CHECK_TOKEN, e.message().to_string(), rejected_fix(kind))
+                }
                 (k, _) if k.is_transient() => Finding::fail(
                     CHECK_TOKEN,
                     e.message().to_string(),
@@ -233,5 +247,23 @@ impl GcpProvider {
             explicit,
             findings: out,
         }
+    }
+}
+
+#[cfg(test)]
+mod advice_tests {
+    use super::*;
+
+    /// The advice for a refused identity fits its kind: no key or workload identity
+    /// provider for the metadata server, no metadata server for a key file.
+    #[test]
+    fn a_refused_identity_gets_advice_for_its_kind() {
+        let metadata = rejected_fix(IdentityKind::MetadataServer);
+        assert!(
+            !metadata.contains("key") && !metadata.contains("attribute conditions"),
+            "{metadata}"
+        );
+        assert!(rejected_fix(IdentityKind::KeyFile).contains("GOOGLE_APPLICATION_CREDENTIALS"));
+        assert!(rejected_fix(IdentityKind::ExternalAccount).contains("attribute conditions"));
     }
 }

@@ -107,9 +107,19 @@ impl fmt::Debug for GcpProvider {
 
 impl GcpProvider {
     /// A provider that reads its identity from the process environment on first use.
-    /// Does no I/O.
-    pub fn from_env() -> GcpProvider {
-        GcpProvider::builder().build()
+    /// Does no I/O. Fails on an invalid `REGBROKER_GCP_STS_URL`,
+    /// `REGBROKER_GCP_IAM_CREDENTIALS_URL` or `REGBROKER_GKE_CLUSTER`, naming the variable
+    /// (a configuration error: such a value is never ignored).
+    pub fn from_env() -> Result<GcpProvider, String> {
+        let p = GcpProvider::builder().build();
+        p.check_env()?;
+        Ok(p)
+    }
+
+    /// Checks the `REGBROKER_GCP_*` and `REGBROKER_GKE_CLUSTER` settings of this
+    /// provider's env; the error names the variable, not its value.
+    pub fn check_env(&self) -> Result<(), String> {
+        workload::check_env(&self.env)
     }
 
     /// A builder for explicit settings (tests, embedding).
@@ -456,7 +466,7 @@ mod tests {
 
     #[test]
     fn unknown_options_are_rejected_by_name() {
-        let p = GcpProvider::from_env();
+        let p = GcpProvider::from_env().unwrap();
         assert!(p.check_options(&Options::new()).is_ok());
         let mut o = Options::new();
         o.insert("universe_domain".into(), "s3nsapis.fr".into());
@@ -470,7 +480,7 @@ mod tests {
 
     #[test]
     fn from_env_does_no_io_and_loads_nothing() {
-        let p = GcpProvider::from_env();
+        let p = GcpProvider::from_env().unwrap();
         assert!(!p.identity.initialized());
         assert_eq!(p.name(), "gcp");
     }

@@ -188,6 +188,23 @@ pub(crate) fn federation(
     ))
 }
 
+/// Checks the settings this module reads (see [`crate::GcpProvider::check_env`]).
+pub(crate) fn check_env(env: &Env) -> Result<(), String> {
+    for var in [STS_URL_ENV, IAM_CREDENTIALS_URL_ENV] {
+        if let Some(v) = env.get(var) {
+            checked_endpoint(&v, var).map_err(|e| e.message().to_string())?;
+        }
+    }
+    if let Some(c) = env.get(GKE_CLUSTER_ENV)
+        && gke_cluster(&c).is_none()
+    {
+        return Err(format!(
+            "{GKE_CLUSTER_ENV} is not projects/PROJECT_ID/locations/LOCATION/clusters/NAME"
+        ));
+    }
+    Ok(())
+}
+
 /// The project id of `projects/<project>/locations/<location>/clusters/<name>`, checked.
 fn gke_cluster(s: &str) -> Option<String> {
     let label = |x: &str, max: usize| {
@@ -238,6 +255,23 @@ fn is_email(s: &str) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn invalid_settings_are_errors_naming_the_variable() {
+        let env = |k: &str, v: &str| Env::Map([(k.to_string(), v.to_string())].into());
+        for (var, value) in [
+            (STS_URL_ENV, "not a url"),
+            (STS_URL_ENV, "http://sts.example.com/v1/token"),
+            (IAM_CREDENTIALS_URL_ENV, "ftp://x"),
+            (GKE_CLUSTER_ENV, "my-cluster"),
+        ] {
+            let e = check_env(&env(var, value)).unwrap_err();
+            assert!(e.contains(var) && !e.contains(value), "{var}={value}: {e}");
+        }
+        assert!(check_env(&env(STS_URL_ENV, "http://127.0.0.1:9/v1/token")).is_ok());
+        assert!(check_env(&env(GKE_CLUSTER_ENV, "projects/p/locations/l/clusters/c")).is_ok());
+        assert!(check_env(&Env::Map(Default::default())).is_ok());
+    }
 
     #[test]
     fn provider_names_and_emails_are_checked() {

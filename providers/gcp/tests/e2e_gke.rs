@@ -33,7 +33,7 @@ async fn e2e_real_cloud_gke_workload_identity_pulls_from_artifact_registry() {
         );
     };
     let registry = Registry::parse(&host).unwrap();
-    let p = GcpProvider::from_env();
+    let p = GcpProvider::from_env().unwrap();
     let target = p
         .recognise(&registry)
         .unwrap_or_else(|| panic!("{host} is not recognised as a Google registry"));

@@ -79,7 +79,7 @@ async fn child_fetch() {
         std::env::var(CHILD_MARKER).is_ok(),
         "only meaningful as the child of from_env_reads_gce_metadata_host_from_the_process_environment, which sets {CHILD_MARKER}"
     );
-    let p = GcpProvider::from_env();
+    let p = GcpProvider::from_env().unwrap();
     let target = p.recognise(&Registry::parse("gcr.io").unwrap()).unwrap();
     let cred = p.fetch(&target).await.unwrap();
     assert_eq!(cred.secret().expose_secret(), "ya29.from-env");
