@@ -202,6 +202,7 @@ const CASES: &[Case] = &[
         with: &[("REGBROKER_WRITE_DOCKER_CONFIG", "/nonexistent/out.json")],
     },
     case("REGBROKER_LEADER_ELECT", "maybe", &[SERVE]),
+    case("REGBROKER_READY_REQUIRES_SINKS", "maybe", &[SERVE]),
     case("REGBROKER_LEADER_ELECT_LEASE", "Not_A_Name", &[SERVE]),
     case("REGBROKER_LEADER_ELECT_NAMESPACE", "not.a.label", &[SERVE]),
     case("REGBROKER_LEADER_ELECT_LEASE_DURATION", "x", &[SERVE]),
@@ -302,6 +303,20 @@ fn booleans_take_the_same_words_everywhere() {
             !stderr.contains("invalid value") && !stderr.contains("REGBROKER_LEADER_ELECT ("),
             "REGBROKER_LEADER_ELECT={word} refused: {stderr}"
         );
+        // --ready-requires-sinks: on, start-up stops because no sink is configured (an
+        // off value would start the server, so only the on words are run).
+        if on {
+            let (code, _, stderr) = run(
+                &["serve", "--listen", "127.0.0.1:0"],
+                &[("REGBROKER_READY_REQUIRES_SINKS", word)],
+                "",
+            );
+            assert_eq!(code, Some(64), "{word}: {stderr}");
+            assert!(
+                stderr.contains("needs a sink"),
+                "REGBROKER_READY_REQUIRES_SINKS={word}: {stderr}"
+            );
+        }
         // The helper's REGBROKER_INSECURE_ENDPOINT: on, a cleartext sidecar off loopback
         // is tried (and cannot be reached); off, it is refused.
         let (code, stdout, _) = run(

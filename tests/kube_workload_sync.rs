@@ -226,9 +226,17 @@ async fn each_secret_holds_only_its_own_registries_with_its_own_identity() {
     );
     assert!(!text.contains("eyJhbGciOi"), "a JWT in the log");
     assert!(!text.contains("auth-token"), "a credential in the log");
-    // Metrics count the fetches, and name no tenant, ServiceAccount, role or credential.
-    let exposed = metrics.encode();
-    assert!(exposed.contains("regbroker_"), "{exposed}");
+    // Metrics count the fetches, and name no ServiceAccount, role or credential. A tenant's
+    // namespace appears only where the operator configured it: in the `sink` label naming
+    // the Secret a sink keeps (`secret/NAMESPACE/NAME`), and nowhere else.
+    let encoded = metrics.encode();
+    assert!(encoded.contains("regbroker_"), "{encoded}");
+    let mut exposed = encoded.clone();
+    for ns in [a.as_str(), b.as_str(), c.as_str()] {
+        let label = format!("sink=\"secret/{ns}/regbroker-pull\"");
+        assert!(encoded.contains(&label), "no sink series for {ns}:\n{encoded}");
+        exposed = exposed.replace(&label, "sink=\"\"");
+    }
     for never in [
         a.as_str(),
         b.as_str(),

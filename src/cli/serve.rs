@@ -96,7 +96,7 @@ pub(super) struct ServeArgs {
     /// Report not ready (/readyz 503) while a sink this replica writes (the docker config
     /// file, a synced Secret) has not been written with every registry since start. A
     /// replica that does not lead (--leader-elect) writes no Secret and stays ready.
-    #[arg(long, env = "REGBROKER_READY_REQUIRES_SINKS")]
+    #[arg(long, env = "REGBROKER_READY_REQUIRES_SINKS", value_parser = crate::env::parse_bool)]
     ready_requires_sinks: bool,
 
     #[command(flatten)]
