@@ -12,11 +12,14 @@ pub const TRUE_WORDS: &[&str] = &["true", "t", "yes", "y", "on", "1"];
 /// The words that read as `false`, lower case.
 pub const FALSE_WORDS: &[&str] = &["false", "f", "no", "n", "off", "0"];
 
-/// A boolean value by the rule above (surrounding blanks ignored); the error says which
-/// words are accepted, never the value.
+/// A boolean value by the rule above (surrounding blanks ignored); empty is `false`, as
+/// `VAR=` is the usual way to switch a variable off. The error says which words are
+/// accepted, never the value.
 pub fn parse_bool(value: &str) -> Result<bool, String> {
     let v = value.trim().to_ascii_lowercase();
-    if TRUE_WORDS.contains(&v.as_str()) {
+    if v.is_empty() {
+        Ok(false)
+    } else if TRUE_WORDS.contains(&v.as_str()) {
         Ok(true)
     } else if FALSE_WORDS.contains(&v.as_str()) {
         Ok(false)
@@ -153,6 +156,8 @@ mod tests {
         for v in ["2", "enabled", "truee", "-1"] {
             assert!(parse_bool(v).is_err(), "{v}");
         }
+        assert_eq!(parse_bool(""), Ok(false));
+        assert_eq!(parse_bool("  "), Ok(false));
         assert_eq!(bool_var("X", None), Ok(false));
         assert_eq!(bool_var("X", Some("")), Ok(false));
         let e = bool_var("REGBROKER_X", Some("sekrit")).unwrap_err();
