@@ -234,7 +234,10 @@ async fn each_secret_holds_only_its_own_registries_with_its_own_identity() {
     let mut exposed = encoded.clone();
     for ns in [a.as_str(), b.as_str(), c.as_str()] {
         let label = format!("sink=\"secret/{ns}/regbroker-pull\"");
-        assert!(encoded.contains(&label), "no sink series for {ns}:\n{encoded}");
+        assert!(
+            encoded.contains(&label),
+            "no sink series for {ns}:\n{encoded}"
+        );
         exposed = exposed.replace(&label, "sink=\"\"");
     }
     for never in [

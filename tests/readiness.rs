@@ -52,12 +52,7 @@ struct Setup {
 
 fn start(extra: &[&str]) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let statics = dir.path().join("static.json");
-    std::fs::write(
-        &statics,
-        docker_config(&[("static.example.com", "s-user", "s-pw")]),
-    )
-    .unwrap();
+    let statics = common::write_static(dir.path());
     let out = dir.path().join("out").join("config.json");
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     let mut args = vec![
@@ -224,17 +219,6 @@ async fn with_ready_requires_sinks_a_never_written_sink_holds_readiness_until_wr
 
 #[test]
 fn ready_requires_sinks_without_a_sink_is_a_usage_error() {
-    let out = common::process::run_bounded(
-        std::process::Command::new(env!("CARGO_BIN_EXE_regbroker")).args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--ready-requires-sinks",
-        ]),
-        None,
-        common::process::CLI_BOUND,
-    );
-    assert_eq!(out.status.code(), Some(64));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::usage_error(&["serve", "--listen", "127.0.0.1:0", "--ready-requires-sinks"]);
     assert!(err.contains("--ready-requires-sinks needs a sink"), "{err}");
 }

@@ -25,7 +25,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use base64::Engine as _;
-use common::{Answer, ServeProcess, docker_config, server_with_static};
+use common::{Answer, ServeProcess, server_with_static};
 use regbroker::sinks::secret_sync::{Config, Outcome, SecretRef, SecretSync};
 use regbroker_provider::{Error, Registry};
 use serde_json::{Value, json};
@@ -425,12 +425,7 @@ async fn serve_syncs_the_secret_and_keeps_serving_through_api_errors() {
     let api = FakeApi::start().await;
     api.fail_next(&[500]);
     let dir = tempfile::tempdir().unwrap();
-    let statics = dir.path().join("static.json");
-    std::fs::write(
-        &statics,
-        docker_config(&[("static.example.com", "s-user", "s-pw")]),
-    )
-    .unwrap();
+    let statics = common::write_static(dir.path());
     // The binary finds the API server the way it would outside a pod: a kubeconfig.
     let kubeconfig = api.kubeconfig(dir.path());
     let mut proc = ServeProcess::start(
@@ -547,12 +542,7 @@ async fn a_secret_never_written_is_visible_and_holds_readiness_when_required() {
     // Every API request fails until the test says otherwise.
     api.fail_next(&[500; 10_000]);
     let dir = tempfile::tempdir().unwrap();
-    let statics = dir.path().join("static.json");
-    std::fs::write(
-        &statics,
-        docker_config(&[("static.example.com", "s-user", "s-pw")]),
-    )
-    .unwrap();
+    let statics = common::write_static(dir.path());
     let kubeconfig = api.kubeconfig(dir.path());
     let mut proc = ServeProcess::start(
         &[
@@ -604,16 +594,6 @@ async fn a_secret_never_written_is_visible_and_holds_readiness_when_required() {
 
 #[test]
 fn bad_sync_secret_is_a_usage_error() {
-    let out = common::process::run_bounded(
-        std::process::Command::new(env!("CARGO_BIN_EXE_regbroker")).args([
-            "serve",
-            "--sync-secret",
-            "NoSlash",
-        ]),
-        None,
-        common::process::CLI_BOUND,
-    );
-    assert_eq!(out.status.code(), Some(64));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::usage_error(&["serve", "--sync-secret", "NoSlash"]);
     assert!(err.contains("NAMESPACE/NAME"), "{err}");
 }

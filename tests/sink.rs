@@ -28,12 +28,7 @@ fn auth_of(path: &std::path::Path, registry: &str) -> Option<String> {
 #[tokio::test]
 async fn sink_writes_static_rule_and_named_registries_and_refreshes_before_expiry() {
     let dir = tempfile::tempdir().unwrap();
-    let statics = dir.path().join("static.json");
-    std::fs::write(
-        &statics,
-        docker_config(&[("static.example.com", "s-user", "s-pw")]),
-    )
-    .unwrap();
+    let statics = common::write_static(dir.path());
     let srv = TestServer::builder()
         .docker_config(&statics)
         .config(

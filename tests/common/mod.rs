@@ -323,16 +323,35 @@ impl TestServer {
     }
 }
 
-/// A test server whose docker config holds one static entry,
-/// `static.example.com` = `s-user:s-pw`; the directory holds that file.
-pub async fn server_with_static() -> (TestServer, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let statics = dir.path().join("static.json");
+/// Writes `DIR/static.json`, a docker config with one static entry,
+/// `static.example.com` = `s-user:s-pw`, and returns its path.
+pub fn write_static(dir: &std::path::Path) -> PathBuf {
+    let statics = dir.join("static.json");
     std::fs::write(
         &statics,
         docker_config(&[("static.example.com", "s-user", "s-pw")]),
     )
     .unwrap();
+    statics
+}
+
+/// Runs `regbroker ARGS`, which must exit 64 (invalid configuration); returns its stderr.
+pub fn usage_error(args: &[&str]) -> String {
+    let out = process::run_bounded(
+        std::process::Command::new(env!("CARGO_BIN_EXE_regbroker")).args(args),
+        None,
+        process::CLI_BOUND,
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(64), "regbroker {args:?}: {err}");
+    err
+}
+
+/// A test server whose docker config holds one static entry,
+/// `static.example.com` = `s-user:s-pw`; the directory holds that file.
+pub async fn server_with_static() -> (TestServer, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let statics = write_static(dir.path());
     let srv = TestServer::builder().docker_config(&statics).start().await;
     (srv, dir)
 }
