@@ -1130,6 +1130,10 @@ mod tests {
                 "123456789012.dkr.ecr.us-east-1.amazonaws.com",
             ),
             ("oci://ghcr.io/org/charts/podinfo", "ghcr.io"),
+            // All hex but not 64 long, and 64 long but not all hex: names, not image IDs.
+            ("cafe", "docker.io"),
+            ("deadbeef:1", "docker.io"),
+            (&*"g".repeat(64), "docker.io"),
         ];
         for (input, want) in cases {
             match Registry::from_image_reference(input) {
@@ -1261,6 +1265,12 @@ mod tests {
                 input.chars().take(80).collect::<String>()
             );
         }
+        // Exactly the limit is read (and refused by the grammar: no reference is that
+        // long), one more is too long.
+        assert_eq!(
+            Registry::from_image_reference(&"x".repeat(MAX_INPUT_LEN)),
+            Err(E::RepositoryTooLong)
+        );
     }
 
     #[test]
@@ -1346,6 +1356,12 @@ mod tests {
         assert_eq!(
             err("ftp://x"),
             ReferenceError::Registry(ParseError::UnsupportedScheme("ftp".into()))
+        );
+        // A URL is no bare image: `oci://nginx:latest` names host `nginx`, port `latest`.
+        assert!(
+            matches!(err("oci://nginx:latest"), ReferenceError::Registry(_)),
+            "{:?}",
+            err("oci://nginx:latest")
         );
         // The message of a registry error is the registry error's own.
         assert_eq!(err("").to_string(), ParseError::Empty.to_string());
