@@ -437,6 +437,35 @@ mod tests {
     use super::*;
     use regbroker_provider::{BoxFuture, Options};
 
+    /// The hint is said for identity failures only, once, and `detail` (what `doctor`
+    /// and `resolve` print) leaves it out, with the causes only when asked.
+    #[test]
+    fn identity_failures_point_to_doctor_and_detail_leaves_the_hint_out() {
+        let failure = |kind| BrokerError::Provider {
+            provider: "aws",
+            error: Arc::new(
+                Error::new(kind, "refused").with_source(std::io::Error::other("the cause")),
+            ),
+        };
+        for kind in [ErrorKind::IdentityMissing, ErrorKind::IdentityRejected] {
+            let e = failure(kind);
+            assert_eq!(e.to_string(), format!("aws: refused; {DOCTOR_HINT}"));
+            assert_eq!(e.detail(false), "aws: refused");
+            let chained = e.detail(true);
+            assert!(
+                chained.starts_with("aws: refused") && chained.contains("the cause"),
+                "{chained}"
+            );
+            assert!(!chained.contains(DOCTOR_HINT), "{chained}");
+        }
+        for kind in [ErrorKind::Unavailable, ErrorKind::InvalidConfig] {
+            assert_eq!(failure(kind).to_string(), "aws: refused");
+        }
+        let none = BrokerError::NotConfigured("nothing serves x.test".into());
+        assert_eq!(none.detail(true), "nothing serves x.test");
+        assert_eq!(none.to_string(), "nothing serves x.test");
+    }
+
     /// Recognises `*.test`; refuses every workload with the error kind it was made with.
     #[derive(Debug)]
     struct Refusing(ErrorKind);
