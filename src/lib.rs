@@ -30,6 +30,7 @@
 
 pub mod broker;
 pub mod cli;
+pub mod controller;
 pub mod env;
 pub mod kubernetes;
 pub mod metrics;

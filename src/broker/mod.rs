@@ -187,6 +187,13 @@ impl Broker {
                 route: Route::Static(c.clone()),
             };
         }
+        self.decide_contextual(registry)
+    }
+
+    /// Decides as [`Broker::decide`] does, without the static entries: the routing rules
+    /// and the providers' own hosts only. What a tenant's `RegistryCredential` may get
+    /// (the operator's static entries are not the tenants').
+    pub fn decide_contextual(&self, registry: &Registry) -> Decision {
         if let Some((index, rule)) = self.router.route(registry) {
             let reason = Reason::Rule {
                 index,
@@ -256,6 +263,18 @@ impl Broker {
         workload: &WorkloadIdentity,
     ) -> Result<Served, BrokerError> {
         let route = bind(self.decide(registry).route, workload);
+        self.serve_with(registry, route, Need::Fresh).await
+    }
+
+    /// The credential for `registry` as a tenant's `workload`: as
+    /// [`Broker::fresh_credential_for`], but never from this process's static entries
+    /// ([`Broker::decide_contextual`]).
+    pub async fn fresh_contextual_credential_for(
+        &self,
+        registry: &Registry,
+        workload: &WorkloadIdentity,
+    ) -> Result<Served, BrokerError> {
+        let route = bind(self.decide_contextual(registry).route, workload);
         self.serve_with(registry, route, Need::Fresh).await
     }
 

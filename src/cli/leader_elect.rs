@@ -16,8 +16,9 @@ use crate::kubernetes::lease::{self, Config};
 #[derive(Debug, Args)]
 pub(super) struct LeaderElectArgs {
     /// Elect one leader among replicas on a coordination.k8s.io/v1 Lease: only the leader
-    /// writes the synced Secrets; every replica serves HTTP.
-    #[arg(long, env = "REGBROKER_LEADER_ELECT", requires = "sync_secret", value_parser = crate::env::parse_bool)]
+    /// writes the synced Secrets and runs the RegistryCredential controller; every replica
+    /// serves HTTP.
+    #[arg(long, env = "REGBROKER_LEADER_ELECT", requires = "kube_writers", value_parser = crate::env::parse_bool)]
     leader_elect: bool,
 
     /// The Lease's name.
@@ -186,6 +187,7 @@ mod tests {
     use clap::Parser;
 
     #[derive(Debug, Parser)]
+    #[command(group(clap::ArgGroup::new("kube_writers").args(["sync_secret"])))]
     struct Cli {
         #[arg(long)]
         sync_secret: Option<String>,

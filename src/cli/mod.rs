@@ -64,6 +64,9 @@ enum Command {
     /// Speak the kubelet image credential provider protocol (credentialprovider.kubelet.k8s.io/v1).
     /// Settings come from the environment, as for credential-helper.
     KubeletCredentialProvider,
+    /// Print the RegistryCredential CustomResourceDefinition (YAML), generated from the
+    /// types the controller uses: `regbroker crd | kubectl apply -f -`.
+    Crd,
 }
 
 #[derive(Debug, Args)]
@@ -163,6 +166,7 @@ pub fn main() -> ExitCode {
             );
             return ExitCode::from(code);
         }
+        Command::Crd => return print_crd(&mut std::io::stdout().lock()),
         other => other,
     };
 
@@ -181,12 +185,28 @@ pub fn main() -> ExitCode {
             Command::Serve(args) => serve::run(*args).await,
             Command::Resolve(args) => resolve::run(args).await,
             Command::Doctor(args) => doctor::run(args).await,
-            Command::CredentialHelper(_) | Command::KubeletCredentialProvider => Ok(()),
+            Command::CredentialHelper(_) | Command::KubeletCredentialProvider | Command::Crd => {
+                Ok(())
+            }
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => report(format, failure),
+    }
+}
+
+/// Writes the CRD as YAML.
+fn print_crd(out: &mut impl std::io::Write) -> ExitCode {
+    let written = yaml_serde::to_string(&crate::controller::api::crd())
+        .map_err(|e| e.to_string())
+        .and_then(|yaml| out.write_all(yaml.as_bytes()).map_err(|e| e.to_string()));
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("regbroker: cannot print the CRD: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

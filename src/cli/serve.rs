@@ -18,6 +18,8 @@ use crate::server::{self, Bound, Listen};
 
 #[derive(Debug, Args)]
 #[group(id = "sinks", multiple = true)]
+// What leader election guards: the Secret sync and the controller.
+#[command(group(clap::ArgGroup::new("kube_writers").multiple(true).args(["sync_secret", "registry_credentials"])))]
 pub(super) struct ServeArgs {
     /// HOST:PORT (an IP address) or unix:PATH.
     #[arg(long, env = "REGBROKER_LISTEN", default_value = super::DEFAULT_LISTEN)]
@@ -99,11 +101,53 @@ pub(super) struct ServeArgs {
     #[arg(long, env = "REGBROKER_READY_REQUIRES_SINKS", value_parser = crate::env::parse_bool)]
     ready_requires_sinks: bool,
 
+    /// Run the RegistryCredential controller (regbroker.dev/v1alpha1): keep the Secret each
+    /// object asks for in its namespace, with that namespace's ServiceAccount's identity.
+    /// All namespaces, or those of --registry-credentials-namespace. Install the CRD first
+    /// (`regbroker crd`).
+    #[arg(long, env = "REGBROKER_REGISTRY_CREDENTIALS", value_parser = crate::env::parse_bool)]
+    registry_credentials: bool,
+
+    /// Watch RegistryCredentials in this namespace only; repeatable (env: comma-separated).
+    #[arg(
+        long = "registry-credentials-namespace",
+        env = "REGBROKER_REGISTRY_CREDENTIALS_NAMESPACE",
+        value_name = "NAMESPACE",
+        value_delimiter = ',',
+        requires = "registry_credentials",
+        value_parser = namespace
+    )]
+    registry_credentials_namespaces: Vec<String>,
+
+    /// The ServiceAccount, in each object's own namespace, for RegistryCredentials that name
+    /// none (without it, such an object is Stalled: ServiceAccountRequired).
+    #[arg(
+        long,
+        env = "REGBROKER_DEFAULT_SERVICE_ACCOUNT",
+        value_name = "NAME",
+        requires = "registry_credentials",
+        value_parser = service_account_name
+    )]
+    default_service_account: Option<String>,
+
     #[command(flatten)]
     leader: Box<super::leader_elect::LeaderElectArgs>,
 
     #[command(flatten)]
     sources: Sources,
+}
+
+fn namespace(s: &str) -> Result<String, String> {
+    format!("{s}/x")
+        .parse::<crate::kubernetes::secret::SecretRef>()
+        .map(|r| r.namespace)
+}
+
+fn service_account_name(s: &str) -> Result<String, String> {
+    format!("x/{s}")
+        .parse::<crate::kubernetes::secret::SecretRef>()
+        .map(|r| r.name)
+        .map_err(|e| e.replace("Secret name", "ServiceAccount name"))
 }
 
 fn parse_registry(s: &str) -> Result<Registry, String> {
@@ -187,46 +231,76 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
         ));
     }
     core.metrics.sinks.set_required(args.ready_requires_sinks);
-    let mut secret_sync = if args.sync_secret.is_empty() && entries.is_empty() {
-        None
+    let syncs = !(args.sync_secret.is_empty() && entries.is_empty());
+    let client = if syncs || args.registry_credentials {
+        Some(
+            crate::kubernetes::client_from_environment()
+                .await
+                .map_err(Failure::Runtime)?,
+        )
     } else {
-        let client = crate::kubernetes::client_from_environment()
-            .await
-            .map_err(Failure::Runtime)?;
-        let config = crate::sinks::secret_sync::Config {
-            secrets: args.sync_secret,
-            extra: args.sink_registry.clone(),
-            entries,
-        };
-        // Each Secret is known (pending) before readiness flips, so a readiness that
-        // requires the sinks never answers 200 before the first pass has run.
-        let names = config
-            .secrets
-            .iter()
-            .chain(config.entries.iter().map(|e| &e.secret));
-        for secret in names {
-            core.metrics
-                .sink_registered(&secret.sink_name(), crate::sinks::status::Kind::Secret);
-        }
-        // The first pass runs in the task too: a slow API server must not delay serving.
-        let broker = core.broker.clone();
-        if args.leader.enabled() {
-            let running = super::leader_elect::start(&args.leader, &client, &core)?;
-            let sync = crate::sinks::secret_sync::SecretSync::guarded(
-                broker,
+        None
+    };
+    if let Some(client) = client.as_ref().filter(|_| args.leader.enabled()) {
+        elector = Some(super::leader_elect::start(&args.leader, client, &core)?);
+    }
+    let guard = elector.as_ref().map(|e| e.leadership());
+    let reserved: Vec<crate::kubernetes::secret::SecretRef> = args
+        .sync_secret
+        .iter()
+        .chain(entries.iter().map(|e| &e.secret))
+        .cloned()
+        .collect();
+    let mut controller = match client.as_ref().filter(|_| args.registry_credentials) {
+        None => None,
+        Some(client) => {
+            let config = crate::controller::Config {
+                namespaces: args.registry_credentials_namespaces,
+                default_service_account: args.default_service_account,
+                reserved,
+            };
+            tracing::info!(namespaces = ?config.namespaces, "RegistryCredential controller starting");
+            Some(AbortOnDrop(tokio::spawn(crate::controller::run(
+                core.broker.clone(),
+                client.clone(),
                 config,
-                client,
-                running.leadership(),
-            );
-            elector = Some(running);
-            Some(AbortOnDrop(tokio::spawn(sync.run())))
-        } else {
-            Some(AbortOnDrop(tokio::spawn(async move {
-                crate::sinks::secret_sync::SecretSync::start(broker, config, client)
-                    .await
-                    .run()
-                    .await
-            })))
+                guard.clone(),
+            ))))
+        }
+    };
+    let mut secret_sync = match client.filter(|_| syncs) {
+        None => None,
+        Some(client) => {
+            let config = crate::sinks::secret_sync::Config {
+                secrets: args.sync_secret,
+                extra: args.sink_registry.clone(),
+                entries,
+            };
+            // Each Secret is known (pending) before readiness flips, so a readiness that
+            // requires the sinks never answers 200 before the first pass has run.
+            let names = config
+                .secrets
+                .iter()
+                .chain(config.entries.iter().map(|e| &e.secret));
+            for secret in names {
+                core.metrics
+                    .sink_registered(&secret.sink_name(), crate::sinks::status::Kind::Secret);
+            }
+            // The first pass runs in the task too: a slow API server must not delay serving.
+            let broker = core.broker.clone();
+            if let Some(leadership) = guard {
+                let sync = crate::sinks::secret_sync::SecretSync::guarded(
+                    broker, config, client, leadership,
+                );
+                Some(AbortOnDrop(tokio::spawn(sync.run())))
+            } else {
+                Some(AbortOnDrop(tokio::spawn(async move {
+                    crate::sinks::secret_sync::SecretSync::start(broker, config, client)
+                        .await
+                        .run()
+                        .await
+                })))
+            }
         }
     };
     let _sink = match args.write_docker_config {
@@ -313,6 +387,9 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
         // The guarded writes stop first, then the Lease is released for the next leader.
         if let Some(sync) = secret_sync.take() {
             sync.stop().await;
+        }
+        if let Some(controller) = controller.take() {
+            controller.stop().await;
         }
         elector.shutdown().await;
     }

@@ -7,6 +7,8 @@
 //! (`KUBECONFIG`, `~/.kube/config`).
 
 pub mod lease;
+pub mod secret;
+pub mod tokens;
 
 /// Log caps for the API client: kube-client logs a whole response body at WARN when it
 /// cannot parse it, which for a Secret would be its data. Applied after the user's filter.

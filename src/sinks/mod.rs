@@ -99,20 +99,11 @@ pub(crate) async fn pass(
         ));
         match result {
             Ok(served) => {
-                let c = &served.credential;
-                let pair =
-                    Zeroizing::new(format!("{}:{}", c.username(), c.secret().expose_secret()));
-                let auth = Zeroizing::new(
-                    base64::engine::general_purpose::STANDARD.encode(pair.as_bytes()),
-                );
-                let stale_at = c
-                    .expires_at()
-                    .map(|e| cache::plan(broker.cache().config(), now, Some(e)).stale_at);
-                if let Some(e) = c.expires_at() {
-                    let refresh_at = cache::plan(broker.cache().config(), now, Some(e)).refresh_at;
-                    next = next.min(refresh_at.duration_since(now).unwrap_or(Duration::ZERO));
+                let (h, refresh_at) = hold(broker, &served.credential, now);
+                if let Some(at) = refresh_at {
+                    next = next.min(at.duration_since(now).unwrap_or(Duration::ZERO));
                 }
-                held.insert(registry.clone(), Held { auth, stale_at });
+                held.insert(registry.clone(), h);
             }
             Err(e) => {
                 if let BrokerError::Provider { .. } = e {
@@ -133,6 +124,29 @@ pub(crate) async fn pass(
         next: next.clamp(MIN_SLEEP, MAX_SLEEP),
         fetched,
     }
+}
+
+/// `credential` as a docker config entry, and when it should be fetched anew (its refresh
+/// point, `None` if it does not expire), for a credential got at `now`.
+pub(crate) fn hold(
+    broker: &Broker,
+    credential: &regbroker_provider::Credential,
+    now: SystemTime,
+) -> (Held, Option<SystemTime>) {
+    let pair = Zeroizing::new(format!(
+        "{}:{}",
+        credential.username(),
+        credential.secret().expose_secret()
+    ));
+    let auth = Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(pair.as_bytes()));
+    let plan = credential
+        .expires_at()
+        .map(|e| cache::plan(broker.cache().config(), now, Some(e)));
+    let held = Held {
+        auth,
+        stale_at: plan.as_ref().map(|p| p.stale_at),
+    };
+    (held, plan.map(|p| p.refresh_at))
 }
 
 /// The docker config document (`{"auths": {...}}`) for `held`.

@@ -1,0 +1,802 @@
+//! The `RegistryCredential` controller (`serve --registry-credentials`): a tenant declares,
+//! in its own namespace, which registries it needs; regbroker keeps a
+//! `kubernetes.io/dockerconfigjson` Secret there with credentials fetched as that
+//! namespace's ServiceAccount, and says in the object's status how it stands.
+//!
+//! - [`api`]: the resource (`regbroker.dev/v1alpha1`) and its CRD;
+//! - [`status`]: conditions and Events from what a reconcile found.
+//!
+//! Built on kube-rs' runtime: one `Controller` per watched namespace (or one for all),
+//! watching the objects, the Secrets they own (metadata only, by [`api::OWNER_LABEL`]) and
+//! the ServiceAccounts (metadata only: an annotated or created ServiceAccount re-checks
+//! the objects that name it). Each object is requeued at the earliest refresh point of
+//! what its Secret holds; the scheduler keeps the earlier of two pending runs, so watch
+//! events never postpone a refresh. A reconcile that finds everything as it was writes
+//! nothing: not the Secret (compared byte for byte), not the status (compared whole,
+//! `lastTransitionTime` carried forward).
+//!
+//! Whose identity: an object is served only with a ServiceAccount of its own namespace
+//! (`spec.serviceAccountName`, else `--default-service-account`), only by the providers
+//! (the routing rules apply, the operator's static entries do not), and with its own
+//! `spec.secretRef`, whose entries win per registry (Flux RFC-0002). Never with this
+//! process's own identity.
+//!
+//! With leader election only the leader runs the controllers, and every write is
+//! guarded as the Secret sync's are ([`crate::kubernetes::secret`]).
+
+pub mod api;
+pub mod status;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Resource as _, ResourceExt as _};
+use regbroker_provider::{Credential, ErrorKind, Registry};
+
+use self::api::{OWNER_LABEL, REQUESTED_AT, RegistryCredential, RegistryStatus};
+use self::status::{Found, StallReason};
+use crate::broker::{Broker, BrokerError, Route};
+use crate::kubernetes::lease::Leadership;
+use crate::kubernetes::secret::{self, Owner, SecretRef, SyncError};
+use crate::kubernetes::tokens::{self, Tokens, WorkloadError};
+use crate::sinks::{Held, MAX_SLEEP, MIN_SLEEP};
+
+/// The field manager of the status patches, and the Events' reporting controller.
+pub const MANAGER: &str = "regbroker";
+
+/// How often a Stalled object is looked at again without a change (a foreign Secret
+/// deleted, the operator's routing rules reloaded).
+const STALL_RECHECK: Duration = Duration::from_secs(300);
+/// The longest wait between two looks at an object.
+const MAX_REQUEUE: Duration = Duration::from_secs(3600);
+/// Objects reconciled at once (the ECR and STS budgets still bound upstream calls).
+const CONCURRENCY: u16 = 16;
+/// How often tokens no object used are forgotten.
+const TOKEN_SWEEP: Duration = Duration::from_secs(600);
+
+/// The controller's settings.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    /// The namespaces watched; empty: all.
+    pub namespaces: Vec<String>,
+    /// The ServiceAccount (in the object's own namespace) for objects that name none.
+    pub default_service_account: Option<String>,
+    /// Secrets regbroker's own configuration keeps (`--sync-secret`, `[[secret]]`): an
+    /// object naming one is Stalled; the configuration wins.
+    pub reserved: Vec<SecretRef>,
+}
+
+/// Why a reconcile stopped without a status to write.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// This replica stopped leading: another one carries on.
+    #[error("not the leader")]
+    NotLeader,
+    /// Writing the status failed.
+    #[error("cannot write the status: {0}")]
+    Status(#[source] kube::Error),
+}
+
+struct Context {
+    broker: Arc<Broker>,
+    client: kube::Client,
+    tokens: Arc<Tokens>,
+    config: Config,
+    guard: Option<Leadership>,
+    recorder: Recorder,
+    objects: Vec<Store<RegistryCredential>>,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+/// Runs the controllers until the task is dropped: while this replica leads (always,
+/// without a guard); a new term starts them afresh, so the new leader looks at every
+/// object at once.
+pub async fn run(
+    broker: Arc<Broker>,
+    client: kube::Client,
+    config: Config,
+    guard: Option<Leadership>,
+) {
+    let tokens = Arc::new(Tokens::new(client.clone()));
+    let Some(g) = guard.clone() else {
+        run_term(&broker, &client, &config, None, &tokens).await;
+        return;
+    };
+    let mut terms = g.terms();
+    terms.mark_changed();
+    loop {
+        if terms.changed().await.is_err() {
+            // The elector is gone: nobody will grant leadership again.
+            return std::future::pending().await;
+        }
+        if !g.may_write() {
+            continue;
+        }
+        tracing::info!("Leading: reconciling RegistryCredentials");
+        tokio::select! {
+            () = run_term(&broker, &client, &config, Some(g.clone()), &tokens) => {}
+            () = lost(&g) => tracing::info!("No longer leading: RegistryCredentials left to the next leader"),
+        }
+    }
+}
+
+/// Resolves once `g` may no longer write.
+async fn lost(g: &Leadership) {
+    while let Some(deadline) = g.write_deadline() {
+        tokio::time::sleep_until(deadline).await;
+        if !g.may_write() {
+            return;
+        }
+    }
+}
+
+async fn run_term(
+    broker: &Arc<Broker>,
+    client: &kube::Client,
+    config: &Config,
+    guard: Option<Leadership>,
+    tokens: &Arc<Tokens>,
+) {
+    let scopes: Vec<Option<&str>> = if config.namespaces.is_empty() {
+        vec![None]
+    } else {
+        config.namespaces.iter().map(|n| Some(n.as_str())).collect()
+    };
+    let api = |ns: Option<&str>| match ns {
+        Some(ns) => Api::<RegistryCredential>::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let controllers: Vec<_> = scopes
+        .iter()
+        .map(|ns| Controller::new(api(*ns), watcher::Config::default().any_semantic()))
+        .collect();
+    let reporter = Reporter {
+        controller: MANAGER.to_string(),
+        instance: guard.as_ref().map(|g| g.identity().to_string()),
+    };
+    let ctx = Arc::new(Context {
+        broker: broker.clone(),
+        client: client.clone(),
+        tokens: tokens.clone(),
+        config: config.clone(),
+        guard,
+        recorder: Recorder::new(client.clone(), reporter),
+        objects: controllers.iter().map(Controller::store).collect(),
+        failures: Mutex::new(HashMap::new()),
+    });
+    let runs = controllers.into_iter().zip(scopes).map(|(c, ns)| {
+        // Metadata only: the Secrets' data and the ServiceAccounts' tokens are never
+        // watched.
+        let secrets: Api<PartialObjectMeta<Secret>> = scoped(client, ns);
+        let accounts: Api<PartialObjectMeta<ServiceAccount>> = scoped(client, ns);
+        let store = c.store();
+        let default_sa = config.default_service_account.clone();
+        let owned =
+            watcher(secrets, watcher::Config::default().labels(OWNER_LABEL)).touched_objects();
+        let account_changes = watcher(accounts, watcher::Config::default()).touched_objects();
+        c.owns_stream(owned)
+            .watches_stream(account_changes, move |sa| {
+                let (ns, name) = (sa.namespace(), sa.name_any());
+                store
+                    .state()
+                    .into_iter()
+                    .filter(|o| {
+                        o.namespace() == ns
+                            && service_account(o, default_sa.as_deref()) == Some(name.as_str())
+                    })
+                    .map(|o| ObjectRef::from_obj(&*o))
+                    .collect::<Vec<_>>()
+            })
+            .with_config(kube::runtime::controller::Config::default().concurrency(CONCURRENCY))
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|r| async move {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "RegistryCredential reconcile");
+                }
+            })
+    });
+    let sweep = async {
+        loop {
+            tokio::time::sleep(TOKEN_SWEEP).await;
+            tokens.sweep().await;
+        }
+    };
+    tokio::select! {
+        _ = futures_util::future::join_all(runs) => {}
+        () = sweep => {}
+    }
+}
+
+fn scoped<K>(client: &kube::Client, ns: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The ServiceAccount whose identity serves `obj`.
+fn service_account<'a>(obj: &'a RegistryCredential, default: Option<&'a str>) -> Option<&'a str> {
+    obj.spec.service_account_name.as_deref().or(default)
+}
+
+fn error_policy(_: Arc<RegistryCredential>, error: &Error, _: Arc<Context>) -> Action {
+    match error {
+        Error::NotLeader => Action::await_change(),
+        Error::Status(_) => Action::requeue(MIN_SLEEP),
+    }
+}
+
+async fn reconcile(obj: Arc<RegistryCredential>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if obj.metadata.deletion_timestamp.is_some() {
+        // Kubernetes' garbage collector deletes the Secret with it.
+        return Ok(Action::await_change());
+    }
+    let ns = obj.namespace().unwrap_or_default();
+    let name = obj.name_any();
+    let target = obj.target_name().unwrap_or(&name).to_string();
+    let requested = obj.annotations().get(REQUESTED_AT).cloned();
+    let previous = obj.status.clone().unwrap_or_default();
+    let (found, requeue) = ctx.examine(&obj, &ns, &target).await?;
+    let uid = obj.uid().unwrap_or_default();
+    let failing = matches!(
+        &found,
+        Found::Failed { .. }
+            | Found::Synced {
+                retrying: Some(_),
+                ..
+            }
+    );
+    let requeue = ctx
+        .backoff(&uid, failing)
+        .map_or(requeue, |b| requeue.min(b));
+    let now = ctx.broker.now();
+    let next = status::next(
+        &previous,
+        obj.metadata.generation,
+        &target,
+        requested.as_deref(),
+        found,
+        now,
+    );
+    if next != previous {
+        let api: Api<RegistryCredential> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = serde_json::json!({
+            "apiVersion": "regbroker.dev/v1alpha1",
+            "kind": "RegistryCredential",
+            "status": next,
+        });
+        let params = PatchParams::apply(MANAGER).force();
+        secret::may_write(ctx.guard.as_ref()).map_err(|_| Error::NotLeader)?;
+        match secret::guarded(
+            ctx.guard.as_ref(),
+            api.patch_status(&name, &params, &Patch::Apply(&patch)),
+        )
+        .await
+        {
+            Ok(_) => {}
+            Err(SyncError::Api(e)) => return Err(Error::Status(e)),
+            Err(_) => return Err(Error::NotLeader),
+        }
+        let reference = obj.object_ref(&());
+        for t in status::transitions(&previous, &next) {
+            let event = Event {
+                type_: if t.warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                },
+                reason: t.reason,
+                note: Some(t.note.chars().take(1024).collect()),
+                action: "Reconcile".to_string(),
+                secondary: None,
+            };
+            if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+                tracing::warn!(object = %format!("{ns}/{name}"), error = %e, "Cannot record an Event");
+            }
+        }
+    }
+    Ok(Action::requeue(requeue.clamp(MIN_SLEEP, MAX_REQUEUE)))
+}
+
+/// Where each registry's credential comes from: `spec.secretRef`'s entries, else its
+/// provider with the ServiceAccount (name, UID and identity annotations).
+struct Sources<'a> {
+    statics: BTreeMap<Registry, Credential>,
+    providers: BTreeMap<Registry, Arc<dyn regbroker_provider::Provider>>,
+    account: Option<(&'a str, tokens::Account)>,
+}
+
+/// A stall with its recheck delay.
+fn stalled(reason: StallReason, message: String) -> (Found, Duration) {
+    (Found::Stalled { reason, message }, STALL_RECHECK)
+}
+
+/// `upstream_unavailable` as `UpstreamUnavailable`.
+fn camel(code: &str) -> String {
+    code.split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+impl Context {
+    /// The delay after this object's consecutive failures (5 s doubling to 60 s), or
+    /// `None` when it did not fail (the count is reset).
+    fn backoff(&self, uid: &str, failing: bool) -> Option<Duration> {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if !failing {
+            failures.remove(uid);
+            return None;
+        }
+        if failures.len() > 4096 {
+            // Objects deleted while failing: forget them.
+            let live: Vec<String> = self
+                .objects
+                .iter()
+                .flat_map(|s| s.state())
+                .filter_map(|o| o.uid())
+                .collect();
+            failures.retain(|k, _| live.contains(k));
+        }
+        let n = failures.entry(uid.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        Some(
+            MIN_SLEEP
+                .saturating_mul(1 << (*n - 1).min(16))
+                .min(MAX_SLEEP),
+        )
+    }
+
+    /// Until when the Secret's entry for `credential`, got at `now`, is good: its expiry;
+    /// for one the provider says has already expired (a clock far off), the broker's
+    /// fallback lifetime, for which the broker serves it too.
+    fn valid_until(&self, credential: &Credential, now: SystemTime) -> Option<SystemTime> {
+        let expires = credential.expires_at()?;
+        if expires > now {
+            return Some(expires);
+        }
+        Some(crate::broker::cache::plan(self.broker.cache().config(), now, Some(expires)).stale_at)
+    }
+
+    /// The object that keeps `target` in `ns` first (created earliest, then by name), if
+    /// not `obj`.
+    fn first_claim(&self, ns: &str, target: &str, obj: &RegistryCredential) -> Option<String> {
+        let key = |o: &RegistryCredential| (o.metadata.creation_timestamp.clone(), o.name_any());
+        self.objects
+            .iter()
+            .flat_map(|s| s.state())
+            .filter(|o| {
+                o.namespace().as_deref() == Some(ns)
+                    && o.target_name() == Some(target)
+                    && o.metadata.deletion_timestamp.is_none()
+            })
+            .min_by_key(|o| key(o))
+            .filter(|first| first.uid() != obj.uid())
+            .map(|first| first.name_any())
+    }
+
+    /// Looks at `obj` and brings its Secret up to date: what was found, and when to look
+    /// again.
+    async fn examine(
+        &self,
+        obj: &RegistryCredential,
+        ns: &str,
+        target: &str,
+    ) -> Result<(Found, Duration), Error> {
+        use StallReason::*;
+        if self
+            .config
+            .reserved
+            .iter()
+            .any(|r| r.namespace == ns && r.name == target)
+        {
+            return Ok(stalled(
+                SecretConflict,
+                format!(
+                    "Secret {target} is kept by regbroker's own configuration (--sync-secret or a [[secret]] entry), which wins: set spec.target.name to another name"
+                ),
+            ));
+        }
+        if let Some(other) = self.first_claim(ns, target, obj) {
+            return Ok(stalled(
+                SecretConflict,
+                format!(
+                    "Secret {target} is already kept by RegistryCredential {other}: set spec.target.name to another name"
+                ),
+            ));
+        }
+        // A Secret of that name that this object does not own is never written: found
+        // out before anything is fetched for it.
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        match secrets.get_metadata_opt(target).await {
+            Ok(Some(existing))
+                if !(secret::is_ours(&existing.metadata)
+                    && secret::controlled_by(
+                        &existing.metadata,
+                        &obj.uid().unwrap_or_default(),
+                    )) =>
+            {
+                return Ok(stalled(
+                    SecretConflict,
+                    format!(
+                        "Secret {target} exists and is not kept by this RegistryCredential (it lacks regbroker's label or a controller ownerReference to it): delete it or set spec.target.name to another name"
+                    ),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Ok((
+                    Found::Failed {
+                        reason: "KubernetesApiError".into(),
+                        message: format!("cannot read Secret {target}: {e}"),
+                    },
+                    MIN_SLEEP,
+                ));
+            }
+        }
+        let mut registries: Vec<Registry> = Vec::new();
+        for (i, r) in obj.spec.registries.iter().enumerate() {
+            match Registry::parse(r) {
+                Ok(r) if !registries.contains(&r) => registries.push(r),
+                Ok(_) => {}
+                Err(e) => {
+                    return Ok(stalled(
+                        InvalidRegistry,
+                        format!("spec.registries[{i}]: {e}"),
+                    ));
+                }
+            }
+        }
+        if obj.spec.suspend {
+            let previous = obj.status.clone().unwrap_or_default();
+            let now = status::time(self.broker.now());
+            let until = previous
+                .expires_at
+                .filter(|e| e > &now)
+                .map_or(MAX_REQUEUE, |e| {
+                    Duration::from_secs(
+                        u64::try_from(e.0.as_second() - now.0.as_second()).unwrap_or(0),
+                    )
+                });
+            return Ok((Found::Suspended, until));
+        }
+        // spec.secretRef's entries win, per registry (RFC-0002).
+        let mut statics: BTreeMap<Registry, Credential> = BTreeMap::new();
+        if let Some(r) = &obj.spec.secret_ref {
+            if r.name == target {
+                return Ok(stalled(
+                    InvalidSecretRef,
+                    format!(
+                        "spec.secretRef names {target}, the Secret this object keeps: name another Secret"
+                    ),
+                ));
+            }
+            match self.read_secret_ref(ns, &r.name).await {
+                Ok(entries) => statics.extend(entries),
+                Err(found) => return Ok(found),
+            }
+        }
+        // Which provider serves each registry not in spec.secretRef: a routing problem is
+        // the operator's or the spec's, whatever the identity.
+        let mut providers: BTreeMap<Registry, Arc<dyn regbroker_provider::Provider>> =
+            BTreeMap::new();
+        for (i, registry) in registries.iter().enumerate() {
+            if statics.contains_key(registry) {
+                continue;
+            }
+            let not_served = |m: String| {
+                Ok(stalled(
+                    RegistryNotServed,
+                    format!("spec.registries[{i}] {registry}: {m}"),
+                ))
+            };
+            match self.broker.decide_contextual(registry).route {
+                Route::Provider(p, _) => {
+                    providers.insert(registry.clone(), p);
+                }
+                Route::NotConfigured(m) => {
+                    return not_served(format!(
+                        "{m}; tenants get credentials from the providers only, never from regbroker's static entries"
+                    ));
+                }
+                Route::Failed(p, e) => return not_served(format!("{p}: {e}")),
+                Route::Static(_) => return not_served("only a static entry serves it".into()),
+            }
+        }
+        let default_sa = self.config.default_service_account.as_deref();
+        let account = match (!providers.is_empty(), service_account(obj, default_sa)) {
+            (false, _) => None,
+            (true, None) => {
+                return Ok(stalled(
+                    ServiceAccountRequired,
+                    "spec.serviceAccountName is not set, and regbroker runs without --default-service-account: name the ServiceAccount of this namespace whose identity fetches the credentials".into(),
+                ));
+            }
+            (true, Some(sa)) => match self.tokens.account(ns, sa).await {
+                Ok(a) => Some((sa, a)),
+                Err(e) if e.kind() == ErrorKind::IdentityMissing => {
+                    return Ok(stalled(
+                        ServiceAccountNotFound,
+                        format!(
+                            "spec.serviceAccountName: ServiceAccount {sa} does not exist in namespace {ns}"
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    return Ok((
+                        Found::Failed {
+                            reason: "KubernetesApiError".into(),
+                            message: e.to_string(),
+                        },
+                        MIN_SLEEP,
+                    ));
+                }
+            },
+        };
+        let sources = Sources {
+            statics,
+            providers,
+            account,
+        };
+        self.sync(obj, ns, target, &registries, sources).await
+    }
+
+    /// The entries of the dockerconfigjson Secret `ns/name` (`spec.secretRef`).
+    async fn read_secret_ref(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Vec<(Registry, Credential)>, (Found, Duration)> {
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), ns);
+        let secret = match api.get_opt(name).await {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                return Err((
+                    Found::Failed {
+                        reason: "SecretRefNotFound".into(),
+                        message: format!(
+                            "spec.secretRef: Secret {name} does not exist in namespace {ns}"
+                        ),
+                    },
+                    MIN_SLEEP,
+                ));
+            }
+            Err(e) => {
+                return Err((
+                    Found::Failed {
+                        reason: "KubernetesApiError".into(),
+                        message: format!("cannot read spec.secretRef Secret {name}: {e}"),
+                    },
+                    MIN_SLEEP,
+                ));
+            }
+        };
+        let data = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(secret::DATA_KEY))
+            .filter(|_| secret.type_.as_deref() == Some(secret::SECRET_TYPE));
+        let Some(data) = data else {
+            return Err(stalled(
+                StallReason::InvalidSecretRef,
+                format!(
+                    "spec.secretRef: Secret {name} is not of type {} with a {} key",
+                    secret::SECRET_TYPE,
+                    secret::DATA_KEY
+                ),
+            ));
+        };
+        crate::broker::static_secret::parse_document(&data.0).map_err(|e| {
+            stalled(
+                StallReason::InvalidSecretRef,
+                format!("spec.secretRef: Secret {name}: {e}"),
+            )
+        })
+    }
+
+    /// Fetches every registry and writes the Secret.
+    async fn sync(
+        &self,
+        obj: &RegistryCredential,
+        ns: &str,
+        target: &str,
+        registries: &[Registry],
+        sources: Sources<'_>,
+    ) -> Result<(Found, Duration), Error> {
+        let Sources {
+            statics,
+            providers,
+            account,
+        } = sources;
+        use StallReason::*;
+        let now = self.broker.now();
+        let mut held: BTreeMap<Registry, Held> = BTreeMap::new();
+        let mut states: Vec<RegistryStatus> = Vec::with_capacity(registries.len());
+        let mut failed: Vec<(Registry, String, String)> = Vec::new();
+        let mut next = MAX_REQUEUE;
+        for (i, registry) in registries.iter().enumerate() {
+            let got = if let Some(c) = statics.get(registry) {
+                Ok((c.clone(), "secretRef"))
+            } else {
+                let (Some((sa, account)), Some(provider)) = (&account, providers.get(registry))
+                else {
+                    continue; // unreachable: every other registry has a provider and an identity
+                };
+                match tokens::workload_identity(&self.tokens, ns, sa, account.clone(), &**provider)
+                    .await
+                {
+                    Err(WorkloadError::Annotations(e)) => {
+                        return Ok(stalled(
+                            IdentityNotConfigured,
+                            format!("spec.serviceAccountName: {e}"),
+                        ));
+                    }
+                    Err(WorkloadError::Token(e)) => {
+                        Err(("TokenRequestFailed".to_string(), e.to_string()))
+                    }
+                    Ok(workload) => match self
+                        .broker
+                        .fresh_contextual_credential_for(registry, &workload)
+                        .await
+                    {
+                        Ok(served) => Ok((served.credential, served.source)),
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                ErrorKind::IdentityMissing | ErrorKind::InvalidConfig
+                            ) =>
+                        {
+                            return Ok(stalled(
+                                IdentityNotConfigured,
+                                format!("spec.serviceAccountName {sa}: {}", e.detail(false)),
+                            ));
+                        }
+                        Err(e @ BrokerError::NotConfigured(_)) => {
+                            return Ok(stalled(
+                                RegistryNotServed,
+                                format!("spec.registries[{i}] {registry}: {}", e.detail(false)),
+                            ));
+                        }
+                        Err(e) => Err((camel(e.kind().code()), e.detail(false))),
+                    },
+                }
+            };
+            match got {
+                Ok((credential, source)) => {
+                    let (h, refresh_at) = crate::sinks::hold(&self.broker, &credential, now);
+                    if let Some(at) = refresh_at {
+                        next = next.min(at.duration_since(now).unwrap_or(Duration::ZERO));
+                    }
+                    held.insert(registry.clone(), h);
+                    states.push(RegistryStatus {
+                        name: registry.to_string(),
+                        provider: Some(source.to_string()),
+                        expires_at: self.valid_until(&credential, now).map(status::time),
+                        reason: status::SUCCEEDED.to_string(),
+                    });
+                }
+                Err((reason, message)) => {
+                    failed.push((registry.clone(), reason.clone(), message));
+                    states.push(RegistryStatus {
+                        name: registry.to_string(),
+                        provider: None,
+                        expires_at: None,
+                        reason,
+                    });
+                }
+            }
+        }
+        let contents = crate::sinks::render(&held);
+        let missing: Vec<Registry> = failed.iter().map(|(r, _, _)| r.clone()).collect();
+        let owner = Owner {
+            reference: owner_reference(obj),
+            labels: BTreeMap::from([(OWNER_LABEL.to_string(), obj.name_any())]),
+        };
+        let secret_ref = SecretRef {
+            namespace: ns.to_string(),
+            name: target.to_string(),
+        };
+        let written = secret::upsert(
+            &self.client,
+            &secret_ref,
+            &contents,
+            &missing,
+            self.guard.as_ref(),
+            Some(&owner),
+        )
+        .await;
+        let written = match written {
+            Ok(w) => w,
+            Err(SyncError::NotLeader) => return Err(Error::NotLeader),
+            Err(e @ (SyncError::Foreign | SyncError::WrongType(_))) => {
+                return Ok(stalled(
+                    SecretConflict,
+                    format!(
+                        "Secret {target}: {e}; it is not kept by this RegistryCredential (regbroker's label and a controller ownerReference to it): delete it or set spec.target.name to another name"
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Ok((
+                    Found::Failed {
+                        reason: "SecretWriteFailed".into(),
+                        message: format!("Secret {target}: {e}"),
+                    },
+                    MIN_SLEEP,
+                ));
+            }
+        };
+        // A registry whose fetch failed keeps the entry the Secret held, valid until the
+        // expiry the previous status recorded for it.
+        let previous = obj.status.clone().unwrap_or_default();
+        for state in &mut states {
+            let kept = written.kept.iter().any(|r| r.as_str() == state.name);
+            if let Some(before) = previous
+                .registries
+                .iter()
+                .find(|b| kept && b.name == state.name)
+            {
+                state.provider = before.provider.clone();
+                state.expires_at = before.expires_at.clone();
+            }
+        }
+        let retrying = (!failed.is_empty()).then(|| {
+            let reason = failed[0].1.clone();
+            let message = failed
+                .iter()
+                .map(|(r, _, m)| format!("{r}: {m}"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            (reason, message)
+        });
+        let written = matches!(
+            written.outcome,
+            secret::Outcome::Created | secret::Outcome::Updated
+        );
+        Ok((
+            Found::Synced {
+                registries: states,
+                written,
+                retrying,
+            },
+            next,
+        ))
+    }
+}
+
+/// The controller ownerReference to `obj` that its Secret carries.
+fn owner_reference(obj: &RegistryCredential) -> OwnerReference {
+    let mut r = obj.controller_owner_ref(&()).unwrap_or_default();
+    r.block_owner_deletion = Some(false);
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn error_codes_become_camel_case_reasons() {
+        assert_eq!(camel("upstream_unavailable"), "UpstreamUnavailable");
+        assert_eq!(camel("identity_rejected"), "IdentityRejected");
+        assert_eq!(camel("overloaded"), "Overloaded");
+    }
+}
