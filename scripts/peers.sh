@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes test peers from source through the Go module proxy (DESIGN.md
 # section 7), or finds them in the cache, and prints one NAME=PATH line per peer on stdout:
-#   kube-apiserver=...  kubectl=...  etcd=...  source-controller=...
-#   source-controller-crds=DIR  helm=...  actionlint=...
+#   kube-apiserver=...  kube-controller-manager=...  kubectl=...  etcd=...
+#   source-controller=...  source-controller-crds=DIR  helm=...  actionlint=...
 # Everything else (progress, build times, errors) goes to stderr.
 #
 # Usage: scripts/peers.sh [--only NAME[,NAME...]] [--print-versions] [--help]
@@ -21,10 +21,18 @@
 #     --service-account-key-file=D/sa.pub --service-account-signing-key-file=D/sa.key \
 #     --authorization-mode=RBAC --service-cluster-ip-range=10.0.0.0/24 \
 #     --disable-admission-plugins=ServiceAccount --endpoint-reconciler-type=none
+#   kube-controller-manager --kubeconfig=K --authentication-kubeconfig=K \
+#     --authentication-skip-lookup --authorization-kubeconfig=K \
+#     --controllers=garbagecollector,namespace,clusterrole-aggregation \
+#     --use-service-account-credentials=false --leader-elect=false \
+#     --bind-address=127.0.0.1 --secure-port=P4 --tls-cert-file=C --tls-private-key-file=CK
+#   (K: the admin's kubeconfig; a user in system:kube-controller-manager alone is refused
+#   the deletes and ClusterRole patches unless --use-service-account-credentials=true)
 set -euo pipefail
 
 # --- Pinned versions: the only place to change them -------------------------------------
-# k8s.io/kubernetes (kube-apiserver); newest release on the proxy that builds with Go 1.26.
+# k8s.io/kubernetes (kube-apiserver, kube-controller-manager, kubectl); newest release on
+# the proxy that builds with Go 1.26.
 KUBE_VERSION=v1.37.2
 # go.etcd.io/etcd/server/v3; newest 3.6 patch (the etcd line Kubernetes 1.34+ documents).
 ETCD_VERSION=v3.6.16
@@ -39,7 +47,7 @@ HELM_VERSION=v4.3.2
 ACTIONLINT_VERSION=v1.7.12
 # -----------------------------------------------------------------------------------------
 
-ALL_PEERS=(kube-apiserver kubectl etcd source-controller source-controller-crds helm actionlint)
+ALL_PEERS=(kube-apiserver kube-controller-manager kubectl etcd source-controller source-controller-crds helm actionlint)
 PEERS_DIR=${REGBROKER_PEERS_DIR:-$HOME/.cache/regbroker-peers}
 LOG_DIR=$PEERS_DIR/logs
 
@@ -53,7 +61,7 @@ usage() {
 
 version_of() {
   case $1 in
-    kube-apiserver | kubectl) echo "$KUBE_VERSION" ;;
+    kube-apiserver | kube-controller-manager | kubectl) echo "$KUBE_VERSION" ;;
     etcd) echo "$ETCD_VERSION" ;;
     source-controller | source-controller-crds) echo "$SOURCE_CONTROLLER_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
@@ -266,6 +274,18 @@ build_peer() {
       # Staging modules (k8s.io/api, ...) are tagged v0.<minor>.<patch> for v1.<minor>.<patch>.
       scratch_build kube-apiserver k8s.io/kubernetes "$ver" "v0.${ver#v1.}" \
         k8s.io/kubernetes/cmd/kube-apiserver \
+        "-s -w -X k8s.io/component-base/version.gitVersion=$ver -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
+        "$out" "$logf" || fail_peer "$name" "$ver" "$logf"
+      check=(--version)
+      ;;
+    kube-controller-manager)
+      # Same module and version as kube-apiserver (most packages come from its build
+      # cache): garbage collection, namespace deletion and ClusterRole aggregation for
+      # the tests that need them (tests/control_plane, ControlPlane::shared_with_controllers).
+      local minor=${ver#v1.}
+      minor=${minor%%.*}
+      scratch_build kube-controller-manager k8s.io/kubernetes "$ver" "v0.${ver#v1.}" \
+        k8s.io/kubernetes/cmd/kube-controller-manager \
         "-s -w -X k8s.io/component-base/version.gitVersion=$ver -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean" \
         "$out" "$logf" || fail_peer "$name" "$ver" "$logf"
       check=(--version)

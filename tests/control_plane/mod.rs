@@ -5,9 +5,16 @@
 //! - kube-apiserver serves TLS with a certificate from a CA made here (rcgen), authorises
 //!   with RBAC, and knows one admin (a static token in group `system:masters`);
 //! - a service-account issuer and signing key, so TokenRequest and TokenReview work;
-//! - no controller-manager: namespaces are never deleted and nothing is garbage
-//!   collected, so every test works in namespaces of its own ([`ControlPlane::namespace`])
-//!   and the whole store lives in a temporary directory.
+//! - [`ControlPlane::shared`] runs no controller-manager: namespaces are never deleted,
+//!   nothing is garbage collected and aggregated ClusterRoles (`view`, `edit`, `admin`)
+//!   stay empty, so every test works in namespaces of its own
+//!   ([`ControlPlane::namespace`]) and the whole store lives in a temporary directory;
+//! - [`ControlPlane::shared_with_controllers`] is the same plus kube-controller-manager
+//!   running only the garbage collector, the namespace controller and ClusterRole
+//!   aggregation (`--controllers=garbagecollector,namespace,clusterrole-aggregation`), as
+//!   the admin, without leader election. It is ready once a dependent object the
+//!   collector had to delete is gone. A test binary uses one of the two, not both: each
+//!   is a control plane of its own.
 //!
 //! Peers come from `REGBROKER_PEERS_FILE` (the `NAME=PATH` lines `scripts/peers.sh`
 //! prints; `scripts/test.sh` sets it), else from running `scripts/peers.sh`, which builds
@@ -17,11 +24,13 @@
 //!
 //! The processes are tethered to the test binary: each runs under a small shell that
 //! kills it when its stdin (a pipe this process holds until it exits) reaches EOF, so no
-//! etcd or kube-apiserver outlives the tests, whichever way they end.
+//! etcd, kube-apiserver or kube-controller-manager outlives the tests, whichever way they
+//! end.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -31,9 +40,9 @@ use std::time::{Duration, Instant};
 use crate::common::process::{run_bounded, wait_output_bounded};
 use base64::Engine as _;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, DeleteParams, PostParams};
 
 /// The test peers, by the names `scripts/peers.sh` prints.
 #[derive(Debug, Clone)]
@@ -88,7 +97,8 @@ impl Peers {
     }
 }
 
-/// A running etcd + kube-apiserver pair.
+/// A running etcd + kube-apiserver pair, with kube-controller-manager when started by
+/// [`ControlPlane::shared_with_controllers`] or [`ControlPlane::start_with_controllers`].
 pub struct ControlPlane {
     /// Where the store, certificates, kubeconfigs and logs live.
     pub dir: PathBuf,
@@ -102,10 +112,14 @@ pub struct ControlPlane {
     pub issuer: String,
     /// How long start-up took, from spawning etcd to `/readyz` answering ok.
     pub started_in: Duration,
+    /// With kube-controller-manager: how long it took to work, from spawning it to its
+    /// garbage collector deleting a probe object.
+    pub controllers_started_in: Option<Duration>,
     pub peers: Peers,
     admin_token: String,
     _etcd: Tethered,
     _apiserver: Tethered,
+    _controller_manager: Option<Tethered>,
 }
 
 /// The bound for one kubectl call: above the `--timeout=60s` of the `kubectl wait`s.
@@ -115,7 +129,17 @@ const KUBECTL_BOUND: Duration = Duration::from_secs(180);
 /// kube-apiserver and friends on a small machine); a cached peer costs seconds.
 const PEERS_BUILD_BOUND: Duration = Duration::from_secs(60 * 60);
 
+/// The bound for kube-controller-manager to work: `/healthz`, then its garbage collector
+/// syncing every resource's informer and deleting the probe.
+const CONTROLLERS_READY_BOUND: Duration = Duration::from_secs(120);
+
+/// What `ControlPlane::shared_with_controllers` runs (aliases of
+/// `garbage-collector-controller`, `namespace-controller` and
+/// `clusterrole-aggregation-controller`, the names in the Kubernetes docs).
+const CONTROLLERS: &str = "garbagecollector,namespace,clusterrole-aggregation";
+
 static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+static SHARED_WITH_CONTROLLERS: OnceLock<ControlPlane> = OnceLock::new();
 static NAMES: AtomicUsize = AtomicUsize::new(0);
 
 impl ControlPlane {
@@ -130,6 +154,40 @@ impl ControlPlane {
             );
             cp
         })
+    }
+
+    /// This test binary's control plane with kube-controller-manager (garbage collection,
+    /// namespace deletion, ClusterRole aggregation), started on first use.
+    pub fn shared_with_controllers() -> &'static ControlPlane {
+        SHARED_WITH_CONTROLLERS.get_or_init(|| {
+            let cp = ControlPlane::start_with_controllers(Peers::find());
+            eprintln!(
+                "control plane: etcd + kube-apiserver ready at {} in {:.1} s, \
+                 kube-controller-manager ({CONTROLLERS}) working {:.1} s later",
+                cp.server,
+                cp.started_in.as_secs_f64(),
+                cp.controllers_started_in.unwrap_or_default().as_secs_f64()
+            );
+            cp
+        })
+    }
+
+    /// [`ControlPlane::start`], then kube-controller-manager running [`CONTROLLERS`];
+    /// returns once its garbage collector has deleted a probe object. A failed start
+    /// (a port taken meanwhile, say) is retried.
+    pub fn start_with_controllers(peers: Peers) -> ControlPlane {
+        let mut cp = ControlPlane::start(peers);
+        let mut last = String::new();
+        for _ in 0..3 {
+            match cp.try_start_controller_manager() {
+                Ok(()) => return cp,
+                Err(e) => {
+                    eprintln!("control plane: kube-controller-manager failed, retrying: {e}");
+                    last = e;
+                }
+            }
+        }
+        panic!("kube-controller-manager did not start: {last}");
     }
 
     /// Starts etcd and kube-apiserver in a new temporary directory and waits until the API
@@ -235,7 +293,7 @@ impl ControlPlane {
                     ));
                 }
             }
-            if readyz(&server, &pki.ca_pem, &admin_token) {
+            if health_ok(&server, "/readyz", &pki.ca_pem, &admin_token) {
                 break;
             }
             if Instant::now() > deadline {
@@ -253,11 +311,120 @@ impl ControlPlane {
             admin_kubeconfig,
             issuer,
             started_in: started.elapsed(),
+            controllers_started_in: None,
             peers,
             admin_token,
             _etcd: etcd,
             _apiserver: apiserver,
+            _controller_manager: None,
         })
+    }
+
+    /// Starts kube-controller-manager as the admin and waits until it answers `/healthz`
+    /// and its garbage collector has deleted a probe: a ConfigMap in `kube-system` owned
+    /// by one deleted here. `/healthz` alone answers ok before any controller runs, and the
+    /// collector acts only once the informers of every resource it tracks have synced.
+    fn try_start_controller_manager(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        let [port] = free_ports();
+        let kubeconfig = self.admin_kubeconfig.display().to_string();
+        let mut kcm = Tethered::spawn(
+            "kube-controller-manager",
+            Command::new(self.peers.get("kube-controller-manager"))
+                .arg(format!("--kubeconfig={kubeconfig}"))
+                // Who may call its own endpoints: tokens checked through this API
+                // server (TokenReview, SubjectAccessReview), as in a cluster. No lookup of
+                // the client CAs: this API server has no request-header CA, and the
+                // controller-manager logs an error for it over and over.
+                .arg(format!("--authentication-kubeconfig={kubeconfig}"))
+                .arg("--authentication-skip-lookup")
+                .arg(format!("--authorization-kubeconfig={kubeconfig}"))
+                .arg(format!("--controllers={CONTROLLERS}"))
+                // Every controller acts as the admin: no ServiceAccount per controller,
+                // hence no token requests and no RBAC of their own to wait for.
+                .arg("--use-service-account-credentials=false")
+                .arg("--leader-elect=false")
+                .arg("--bind-address=127.0.0.1")
+                .arg(format!("--secure-port={port}"))
+                // The API server's certificate names 127.0.0.1 and comes from the test CA,
+                // so `/healthz` is checked with the same trust as the API server.
+                .arg(format!(
+                    "--tls-cert-file={}",
+                    self.dir.join("apiserver.crt").display()
+                ))
+                .arg(format!(
+                    "--tls-private-key-file={}",
+                    self.dir.join("apiserver.key").display()
+                ))
+                .arg("--v=1"),
+            &self.dir,
+            None,
+        );
+        let deadline = started + CONTROLLERS_READY_BOUND;
+        on_own_runtime(self.until_controllers_work(&mut kcm, port, deadline))
+            .unwrap_or_else(|_| Err("waiting for kube-controller-manager panicked".into()))?;
+        self.controllers_started_in = Some(started.elapsed());
+        self._controller_manager = Some(kcm);
+        Ok(())
+    }
+
+    /// Waits until kube-controller-manager (`kcm`, its secure port `port`) answers
+    /// `/healthz`, then until its garbage collector deletes a probe, or fails at
+    /// `deadline` or when it exits, quoting its log.
+    async fn until_controllers_work(
+        &self,
+        kcm: &mut Tethered,
+        port: u16,
+        deadline: Instant,
+    ) -> Result<(), String> {
+        let healthz = client(
+            &format!("https://127.0.0.1:{port}"),
+            &self.ca_pem,
+            &self.admin_token,
+        );
+        while !answers_ok(&healthz, "/healthz").await {
+            still_starting(kcm, "/healthz answered ok", deadline)?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let api = Api::<ConfigMap>::namespaced(self.admin(), "kube-system");
+        let probe = format!(
+            "regbroker-gc-probe-{}-{}",
+            std::process::id(),
+            NAMES.fetch_add(1, Ordering::Relaxed)
+        );
+        let dependent = format!("{probe}-dependent");
+        let owner = api
+            .create(&PostParams::default(), &named_config_map(&probe, None))
+            .await
+            .map_err(|e| format!("creating the probe's owner: {e}"))?;
+        let owned_by = OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: probe.clone(),
+            uid: owner.metadata.uid.unwrap_or_default(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        api.create(
+            &PostParams::default(),
+            &named_config_map(&dependent, Some(owned_by)),
+        )
+        .await
+        .map_err(|e| format!("creating the probe's dependent: {e}"))?;
+        api.delete(&probe, &DeleteParams::default())
+            .await
+            .map_err(|e| format!("deleting the probe's owner: {e}"))?;
+        while !matches!(api.get_opt(&dependent).await, Ok(None)) {
+            still_starting(kcm, "garbage collection of the probe", deadline)?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// The last lines kube-controller-manager logged (`None` without it), for a test's
+    /// failure message: the control plane's directory is gone once the tests end.
+    pub fn controller_manager_log_tail(&self) -> Option<String> {
+        self._controller_manager.as_ref().map(Tethered::log_tail)
     }
 
     /// A client acting as the admin.
@@ -406,26 +573,67 @@ fn pem_to_der(pem: &str) -> Vec<u8> {
         .unwrap()
 }
 
-/// One `GET /readyz` on a runtime of its own (the fixture may start inside or outside
-/// a test's runtime).
-fn readyz(server: &str, ca_pem: &str, token: &str) -> bool {
-    let (server, ca_pem, token) = (server.to_string(), ca_pem.to_string(), token.to_string());
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let c = client(&server, &ca_pem, &token);
-            let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
-            matches!(
-                tokio::time::timeout(Duration::from_secs(2), c.request_text(req)).await,
-                Ok(Ok(body)) if body.trim() == "ok"
-            )
-        })
+/// Runs `future` to completion on a runtime of its own, in a thread of its own (the
+/// fixture may start inside or outside a test's runtime); `Err` if it panicked.
+fn on_own_runtime<T: Send>(future: impl Future<Output = T> + Send) -> std::thread::Result<T> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap()
+                    .block_on(future)
+            })
+            .join()
     })
-    .join()
-    .unwrap_or(false)
+}
+
+/// One `GET path` (`/readyz`, `/healthz`) at `server`: whether it answered `ok` within
+/// 2 s.
+fn health_ok(server: &str, path: &str, ca_pem: &str, token: &str) -> bool {
+    on_own_runtime(async { answers_ok(&client(server, ca_pem, token), path).await })
+        .unwrap_or(false)
+}
+
+/// Whether `GET path` through `c` answers `ok` within 2 s.
+async fn answers_ok(c: &kube::Client, path: &str) -> bool {
+    let req = http::Request::get(path).body(Vec::new()).unwrap();
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), c.request_text(req)).await,
+        Ok(Ok(body)) if body.trim() == "ok"
+    )
+}
+
+/// `Err` quoting its log when kube-controller-manager has exited, or `deadline` has
+/// passed, before `what`.
+fn still_starting(kcm: &mut Tethered, what: &str, deadline: Instant) -> Result<(), String> {
+    if let Some(status) = kcm.exited() {
+        return Err(format!(
+            "kube-controller-manager exited ({status}) before {what}:\n{}",
+            kcm.log_tail()
+        ));
+    }
+    if Instant::now() > deadline {
+        return Err(format!(
+            "kube-controller-manager: no {what} within {} s:\n{}",
+            CONTROLLERS_READY_BOUND.as_secs(),
+            kcm.log_tail()
+        ));
+    }
+    Ok(())
+}
+
+/// An empty ConfigMap named `name`, owned by `owner` when given.
+fn named_config_map(name: &str, owner: Option<OwnerReference>) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
 }
 
 fn random_token() -> String {
@@ -434,14 +642,13 @@ fn random_token() -> String {
         .collect::<String>()
 }
 
-/// Three distinct free loopback ports. Between choosing and binding another process may
+/// `N` distinct free loopback ports. Between choosing and binding another process may
 /// take one; [`ControlPlane::start`] then retries with new ones.
-fn free_ports() -> [u16; 3] {
-    let listeners: Vec<_> = (0..3)
+fn free_ports<const N: usize>() -> [u16; N] {
+    let listeners: Vec<_> = (0..N)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
         .collect();
-    let port = |i: usize| listeners[i].local_addr().unwrap().port();
-    [port(0), port(1), port(2)]
+    std::array::from_fn(|i| listeners[i].local_addr().unwrap().port())
 }
 
 /// The test CA, the API server's certificate and the service-account signing key.
