@@ -6,6 +6,10 @@
 //! tenants pulling from one host get credentials a test can tell apart (moto checks no
 //! trust policy nor token signature; see `workload_identity.rs`).
 //!
+//! The control plane runs kube-controller-manager's garbage collector and ClusterRole
+//! aggregation, so deleting an object collects its Secret for real, and the tenants'
+//! aggregated roles reach the built-in `edit` and `view`.
+//!
 //! Each test watches only namespaces of its own (`--registry-credentials-namespace`), so
 //! the tests of this binary share the control plane without seeing each other's objects.
 
@@ -305,10 +309,10 @@ fn logs() -> regbroker_provider::test_util::LogCapture {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs moto_server, etcd, kube-apiserver, kubectl from scripts/peers.sh; run scripts/test.sh"]
+#[ignore = "needs moto_server, etcd, kube-apiserver, kube-controller-manager, kubectl from scripts/peers.sh; run scripts/test.sh"]
 async fn a_registry_credential_keeps_its_secret_as_the_spec_says() {
     let logs = logs();
-    let cp = ControlPlane::shared();
+    let cp = ControlPlane::shared_with_controllers();
     let moto = moto();
     let a = cp.namespace("team-a").await;
     service_account(cp, &a, &[("eks.amazonaws.com/role-arn", ROLE_A)]).await;
@@ -480,9 +484,9 @@ async fn a_registry_credential_keeps_its_secret_as_the_spec_says() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs moto_server, etcd, kube-apiserver, kubectl from scripts/peers.sh; run scripts/test.sh"]
+#[ignore = "needs moto_server, etcd, kube-apiserver, kube-controller-manager, kubectl from scripts/peers.sh; run scripts/test.sh"]
 async fn what_retrying_cannot_fix_stalls_and_the_fix_needs_no_touch_of_the_object() {
-    let cp = ControlPlane::shared();
+    let cp = ControlPlane::shared_with_controllers();
     let moto = moto();
     let a = cp.namespace("team-a").await;
     create(cp, &a, "pull", spec(&[HOST])).await;
@@ -583,9 +587,9 @@ async fn what_retrying_cannot_fix_stalls_and_the_fix_needs_no_touch_of_the_objec
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs moto_server, etcd, kube-apiserver, kubectl from scripts/peers.sh; run scripts/test.sh"]
+#[ignore = "needs moto_server, etcd, kube-apiserver, kube-controller-manager, kubectl from scripts/peers.sh; run scripts/test.sh"]
 async fn tenants_get_their_own_credentials_and_never_the_operators() {
-    let cp = ControlPlane::shared();
+    let cp = ControlPlane::shared_with_controllers();
     let moto = moto();
     let (a, b, c) = (
         cp.namespace("team-a").await,
@@ -640,9 +644,9 @@ async fn tenants_get_their_own_credentials_and_never_the_operators() {
 }
 
 #[tokio::test]
-#[ignore = "needs moto_server, etcd, kube-apiserver, kubectl from scripts/peers.sh; run scripts/test.sh"]
+#[ignore = "needs moto_server, etcd, kube-apiserver, kube-controller-manager, kubectl from scripts/peers.sh; run scripts/test.sh"]
 async fn the_api_server_refuses_what_the_schema_can_say() {
-    let cp = ControlPlane::shared();
+    let cp = ControlPlane::shared_with_controllers();
     operator(cp).await;
     let a = cp.namespace("team-a").await;
     let api = Api::<RegistryCredential>::namespaced(cp.admin(), &a);
@@ -685,4 +689,87 @@ async fn the_api_server_refuses_what_the_schema_can_say() {
     )
     .await
     .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs moto_server, etcd, kube-apiserver, kube-controller-manager, kubectl from scripts/peers.sh; run scripts/test.sh"]
+async fn deleting_the_object_collects_its_secret_and_view_users_see_status_not_secrets() {
+    let cp = ControlPlane::shared_with_controllers();
+    let moto = moto();
+    let a = cp.namespace("team-a").await;
+    operator(cp).await;
+    service_account(cp, &a, &[("eks.amazonaws.com/role-arn", ROLE_A)]).await;
+    // An `edit` user of the namespace creates the object; a `view` user reads it.
+    cp.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: alice-edit, namespace: {a}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: edit}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: bob-view, namespace: {a}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: bob}}]
+"
+    ));
+    let object = format!(
+        "apiVersion: regbroker.dev/v1alpha1
+kind: RegistryCredential
+metadata: {{name: pull, namespace: {a}}}
+spec: {{registries: [{HOST}], serviceAccountName: puller}}
+"
+    );
+    // Aggregation takes a moment after the CRD's roles appear: retry the create.
+    eventually(
+        Duration::from_secs(60),
+        "alice (edit) creates the object",
+        || async {
+            let (ok, _, _) = cp.kubectl(&["--as=alice", "create", "-f", "-"], &object);
+            ok.then_some(())
+        },
+    )
+    .await;
+    let _controller = start(cp, &moto, &[&a], None).await;
+    wait_for(cp, &a, "pull", "Ready", "True", "Succeeded").await;
+    let can = |user: &str, verb: &str, what: &str| {
+        let (ok, out, _) = cp.kubectl(
+            &[
+                "auth",
+                "can-i",
+                verb,
+                what,
+                "-n",
+                &a,
+                &format!("--as={user}"),
+            ],
+            "",
+        );
+        ok && out.trim() == "yes"
+    };
+    let (ok, out, err) = cp.kubectl(&["--as=bob", "-n", &a, "get", "regcred", "pull"], "");
+    assert!(
+        ok && out.contains("True"),
+        "bob (view) reads the status: {out}{err}"
+    );
+    assert!(can(
+        "bob",
+        "get",
+        "registrycredentials.regbroker.dev/status"
+    ));
+    assert!(!can("bob", "create", "registrycredentials.regbroker.dev"));
+    assert!(!can("bob", "get", "secrets"), "view reads no Secret");
+    let (ok, _, _) = cp.kubectl(&["--as=bob", "-n", &a, "get", "secret", "pull"], "");
+    assert!(!ok, "bob read the Secret");
+    assert!(can("alice", "delete", "registrycredentials.regbroker.dev"));
+
+    // Deleting the object: Kubernetes' garbage collector deletes its Secret.
+    assert!(secret(cp, &a, "pull").await.is_some());
+    let (ok, out, err) = cp.kubectl(&["--as=alice", "-n", &a, "delete", "regcred", "pull"], "");
+    assert!(ok, "{out}{err}");
+    eventually(Duration::from_secs(60), "the Secret collected", || async {
+        secret(cp, &a, "pull").await.is_none().then_some(())
+    })
+    .await;
 }
