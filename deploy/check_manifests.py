@@ -48,6 +48,8 @@ CHART_KINDS = {
     "standalone": {
         "Deployment", "ServiceAccount", "Role", "RoleBinding", "NetworkPolicy", "ConfigMap",
         "PodDisruptionBudget",
+        # registryCredentials.enabled: the CRD, the controller's and the tenants' roles.
+        "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
     },
     "sidecar": {"Role", "RoleBinding", "ConfigMap"},
     "sidecar-patch": {"Deployment", "ServiceAccount"},
@@ -261,6 +263,9 @@ def check_chart_render(shape, path, objs, stand_in, out, to_validate):
         kind = d.get("kind")
         if kind not in CHART_KINDS[shape]:
             fail(f"{where}: renders a {kind}, which the {shape} shape must not")
+            continue
+        if kind == "CustomResourceDefinition":
+            check_crd(path, d)
             continue
         if d["apiVersion"] not in CORE_GROUPS:
             fail(f"{where}: {kind} has apiVersion {d['apiVersion']}, not a core group")

@@ -432,19 +432,24 @@ fn unix_socket_listener_has_mode_0600() {
     assert!(!sock.exists(), "socket file left behind");
 }
 
-/// `regbroker crd` prints the CRD generated from the controller's types; the copy users
-/// apply (deploy/registry-credentials) is that output, byte for byte. After changing the
-/// API types: `regbroker crd > deploy/registry-credentials/crd.yaml`.
+/// `regbroker crd` prints the CRD generated from the controller's types; the copies users
+/// apply (deploy/registry-credentials, the chart's files/) are that output, byte for byte.
+/// After changing the API types, regenerate both: `regbroker crd > COPY`.
 #[test]
 fn crd_copies_equal_the_generated_one() {
     let out = regbroker(&["crd"]);
     assert!(out.status.success(), "{out:?}");
     let generated = String::from_utf8(out.stdout).unwrap();
     assert!(generated.contains("name: registrycredentials.regbroker.dev"));
-    let copy = "deploy/registry-credentials/crd.yaml";
-    let text = std::fs::read_to_string(format!("{}/{copy}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    assert!(
-        text == generated,
-        "{copy} differs from `regbroker crd`; regenerate it: regbroker crd > {copy}"
-    );
+    for copy in [
+        "deploy/registry-credentials/crd.yaml",
+        "deploy/chart/regbroker/files/registrycredentials.regbroker.dev.yaml",
+    ] {
+        let path = format!("{}/{copy}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text == generated,
+            "{copy} differs from `regbroker crd`; regenerate it: regbroker crd > {copy}"
+        );
+    }
 }

@@ -159,6 +159,15 @@ on the container, because source-controller's pod does not.
     - {{ printf "--leader-elect-retry-period=%s" . | toJson }}
     {{- end }}
     {{- end }}
+    {{- if and (not .sidecar) $v.registryCredentials.enabled }}
+    - --registry-credentials
+    {{- range $v.registryCredentials.namespaces }}
+    - {{ printf "--registry-credentials-namespace=%s" . | toJson }}
+    {{- end }}
+    {{- with $v.registryCredentials.defaultServiceAccount }}
+    - {{ printf "--default-service-account=%s" . | toJson }}
+    {{- end }}
+    {{- end }}
     {{- if and (not .sidecar) $v.readyRequiresSinks }}
     # Not ready until this replica has written its Secrets once (a follower stays ready).
     - --ready-requires-sinks
