@@ -42,6 +42,12 @@ async fn restart_in(
     sts: Option<Rate>,
     ecr: Option<Rate>,
 ) -> (Duration, Arc<Fake>) {
+    // One restart at a time in this binary: the budget keeps a tenth of ECR's burst back
+    // for the delay between a call's slot and its arrival at the fake (1 s at 20 per
+    // second). Two restarts at once on a loaded 2-core machine delayed calls past that:
+    // the 400-identity restart was throttled in two full runs (`.ci/run`) while both ran.
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _turn = ONE_AT_A_TIME.lock().await;
     let (fake, url, _task) = start().await;
     // The SDK's own retries stay on (3 attempts): a throttled call would be retried and
     // succeed, so the test counts throttled answers, not failures.
