@@ -31,7 +31,8 @@ use common::ServeProcess;
 use control_plane::ControlPlane;
 use flux_support::{
     GCP_USER, GCPLOCAL_TOKEN, Helm, Metadata, SourceController, WAIT, auth_for, docker_config, get,
-    observed, ready_status, request_reconcile, secret_docker_config, wait_for,
+    handled, observed, ready_status, ready_with_artifact, request_reconcile, secret_docker_config,
+    wait_for,
 };
 use registry_peer::Registry;
 use sha2::{Digest, Sha256};
@@ -195,16 +196,6 @@ spec:
     operation: copy
 "#
     )
-}
-
-/// Ready=True for the current generation, with an artifact.
-fn ready_with_artifact(obj: &serde_json::Value) -> bool {
-    observed(obj) && ready_status(obj) == "True" && obj["status"]["artifact"]["digest"].is_string()
-}
-
-/// The reconcile asked for at `at` has been handled.
-fn handled(obj: &serde_json::Value, at: &str) -> bool {
-    obj["status"]["lastHandledReconcileAt"] == at
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -10,7 +10,8 @@
 //! From a credential's refresh point to its stale point, a request ([`Need::Servable`])
 //! is answered at once with the cached credential while one fetch per key runs in the
 //! background; only a caller with nothing servable, or one that asks for
-//! [`Need::Fresh`] (the sinks, the one-shot modes), waits for the fetch.
+//! [`Need::Fresh`] (the sinks, the one-shot modes), waits for the fetch; one that asks for
+//! [`Need::Refetch`] (a manual trigger) has it fetch anew even before the refresh point.
 //!
 //! Upstream work is bounded three ways: at most `max_concurrent_fetches` fetches run at
 //! once; at most `max_queued_fetches` more wait for a slot (beyond that a new key fails
@@ -263,6 +264,12 @@ pub enum Need {
     /// and come back only at its refresh point, and the one-shot modes, which exit before
     /// a background fetch could finish.
     Fresh,
+    /// A credential fetched now, even before the refresh point, waiting for the fetch
+    /// (joining one in flight; falling back to the cached one, while servable, if it
+    /// fails, and answering a failure pause as [`Need::Fresh`] does): a manual trigger,
+    /// a `RegistryCredential`'s `regbroker.dev/requestedAt`, after which the issuer may
+    /// have rotated what it hands out.
+    Refetch,
 }
 
 impl Outcome {
@@ -482,7 +489,10 @@ impl Cache {
         let cached = self.lookup(key).await;
         let had_entry = cached.is_some();
         let now = self.clock.now();
-        if let Some(entry) = cached.as_ref().filter(|e| now < e.lifetime.refresh_at) {
+        if let Some(entry) = cached
+            .as_ref()
+            .filter(|e| need != Need::Refetch && now < e.lifetime.refresh_at)
+        {
             return Ok((entry.credential.clone(), Outcome::Hit));
         }
         let servable = cached.filter(|e| now < e.lifetime.stale_at);
@@ -505,7 +515,11 @@ impl Cache {
             return Ok((entry.credential.clone(), Outcome::RefreshAhead));
         }
 
-        let (shared, interest) = match self.join_or_start(key, fetch, servable.is_some()).await {
+        let refetch = need == Need::Refetch;
+        let (shared, interest) = match self
+            .join_or_start(key, fetch, servable.is_some(), refetch)
+            .await
+        {
             Ok(Joined::Fresh(entry)) => return Ok((entry.credential.clone(), Outcome::Hit)),
             Ok(Joined::Flight(shared, interest)) => (shared, interest),
             Err(err) => {
@@ -547,7 +561,7 @@ impl Cache {
     where
         F: FnOnce() -> BoxFuture<'static, Result<Credential, Error>>,
     {
-        match self.join_or_start(key, fetch, true).await {
+        match self.join_or_start(key, fetch, true, false).await {
             Ok(Joined::Flight(_, interest)) => {
                 // A flight we started holds its own interest (see `join_or_start`); one we
                 // joined belongs to its waiters, and we are not one.
@@ -563,12 +577,14 @@ impl Cache {
     /// Joins the fetch in flight for `key`, or starts one. Fails with `overloaded` when
     /// the queue is full. A started refresh (`refresh`) keeps its own interest, so it runs
     /// to the end even if nobody waits; a miss is dropped while still queued once its
-    /// waiters are gone.
+    /// waiters are gone. `refetch` ([`Need::Refetch`]) starts a fetch even when a fresh
+    /// entry is stored.
     async fn join_or_start<F>(
         &self,
         key: &Key,
         fetch: F,
         refresh: bool,
+        refetch: bool,
     ) -> Result<Joined, Arc<Error>>
     where
         F: FnOnce() -> BoxFuture<'static, Result<Credential, Error>>,
@@ -587,7 +603,7 @@ impl Cache {
             .entries
             .get(key)
             .await
-            .filter(|e| now < e.lifetime.refresh_at)
+            .filter(|e| !refetch && now < e.lifetime.refresh_at)
         {
             return Ok(Joined::Fresh(entry));
         }
@@ -1665,6 +1681,50 @@ mod tests {
                 3,
                 "a zero pause held a request back"
             );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_refetch_asks_upstream_before_the_refresh_point_and_keeps_the_old_one_if_it_fails()
+         {
+            async fn got(
+                cache: &Cache,
+                need: Need,
+                fetch: impl FnOnce() -> BoxFuture<'static, Result<Credential, Error>>,
+            ) -> (String, Outcome) {
+                let (c, outcome) = cache.get_or_fetch(&key("a"), need, fetch).await.unwrap();
+                (secret(&c), outcome)
+            }
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let first = answer(&clock, &calls, "old", Some(Duration::ZERO));
+            assert_eq!(
+                got(&cache, Need::Fresh, first).await,
+                ("old".into(), Outcome::Miss)
+            );
+            // Long before the refresh point: a sink gets the cached one, a refetch asks.
+            let never = answer(&clock, &calls, "never", None);
+            assert_eq!(
+                got(&cache, Need::Fresh, never).await,
+                ("old".into(), Outcome::Hit)
+            );
+            let rotated = answer(&clock, &calls, "rotated", Some(Duration::ZERO));
+            assert_eq!(
+                got(&cache, Need::Refetch, rotated).await,
+                ("rotated".into(), Outcome::Refreshed)
+            );
+            assert_eq!(calls.load(Ordering::SeqCst), 2);
+            // The cache holds the new one for every caller.
+            let never = answer(&clock, &calls, "never", None);
+            assert_eq!(
+                got(&cache, Need::Servable, never).await,
+                ("rotated".into(), Outcome::Hit)
+            );
+            // A refetch that fails: the cached one, still valid.
+            assert_eq!(
+                got(&cache, Need::Refetch, failing(&calls)).await,
+                ("rotated".into(), Outcome::StaleServed)
+            );
+            assert_eq!(calls.load(Ordering::SeqCst), 3);
         }
 
         #[tokio::test(start_paused = true)]

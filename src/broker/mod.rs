@@ -274,8 +274,29 @@ impl Broker {
         registry: &Registry,
         workload: &WorkloadIdentity,
     ) -> Result<Served, BrokerError> {
+        self.contextual_credential_for(registry, workload, Need::Fresh)
+            .await
+    }
+
+    /// As [`Broker::fresh_contextual_credential_for`], but fetched anew even before the
+    /// refresh point ([`Need::Refetch`]): a tenant asked for a refresh.
+    pub async fn refetched_contextual_credential_for(
+        &self,
+        registry: &Registry,
+        workload: &WorkloadIdentity,
+    ) -> Result<Served, BrokerError> {
+        self.contextual_credential_for(registry, workload, Need::Refetch)
+            .await
+    }
+
+    async fn contextual_credential_for(
+        &self,
+        registry: &Registry,
+        workload: &WorkloadIdentity,
+        need: Need,
+    ) -> Result<Served, BrokerError> {
         let route = bind(self.decide_contextual(registry).route, workload);
-        self.serve_with(registry, route, Need::Fresh).await
+        self.serve_with(registry, route, need).await
     }
 
     async fn credential_with(

@@ -145,6 +145,21 @@ impl RegistryCredential {
             None => self.metadata.name.as_deref(),
         }
     }
+
+    /// Whether `regbroker.dev/requestedAt` holds a value the status has not echoed yet:
+    /// a refresh asked for, so the credentials are fetched anew, not taken from the cache
+    /// before their refresh point.
+    pub fn refresh_requested(&self) -> bool {
+        let handled = self
+            .status
+            .as_ref()
+            .and_then(|s| s.last_handled_reconcile_at.as_deref());
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REQUESTED_AT))
+            .is_some_and(|r| Some(r.as_str()) != handled)
+    }
 }
 
 /// The CustomResourceDefinition, as `regbroker crd` prints it.

@@ -611,6 +611,25 @@ impl Context {
         })
     }
 
+    /// `registry`'s credential as `workload`, fetched anew when `refetch` (a refresh
+    /// asked for), else the cached one until its refresh point.
+    async fn credential(
+        &self,
+        registry: &Registry,
+        workload: &regbroker_provider::WorkloadIdentity,
+        refetch: bool,
+    ) -> Result<crate::broker::Served, BrokerError> {
+        if refetch {
+            self.broker
+                .refetched_contextual_credential_for(registry, workload)
+                .await
+        } else {
+            self.broker
+                .fresh_contextual_credential_for(registry, workload)
+                .await
+        }
+    }
+
     /// Fetches every registry and writes the Secret.
     async fn sync(
         &self,
@@ -627,6 +646,7 @@ impl Context {
         } = sources;
         use StallReason::*;
         let now = self.broker.now();
+        let refetch = obj.refresh_requested();
         let mut held: BTreeMap<Registry, Held> = BTreeMap::new();
         let mut states: Vec<RegistryStatus> = Vec::with_capacity(registries.len());
         let mut failed: Vec<(Registry, String, String)> = Vec::new();
@@ -651,11 +671,7 @@ impl Context {
                     Err(WorkloadError::Token(e)) => {
                         Err(("TokenRequestFailed".to_string(), e.to_string()))
                     }
-                    Ok(workload) => match self
-                        .broker
-                        .fresh_contextual_credential_for(registry, &workload)
-                        .await
-                    {
+                    Ok(workload) => match self.credential(registry, &workload, refetch).await {
                         Ok(served) => Ok((served.credential, served.source)),
                         Err(e)
                             if matches!(
@@ -792,6 +808,35 @@ fn owner_reference(obj: &RegistryCredential) -> OwnerReference {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_requested_at_not_yet_echoed_asks_for_a_refetch() {
+        let spec = api::RegistryCredentialSpec {
+            registries: vec!["registry.example.com".into()],
+            service_account_name: None,
+            secret_ref: None,
+            target: None,
+            suspend: false,
+        };
+        let mut obj = RegistryCredential::new("pull", spec);
+        assert!(!obj.refresh_requested(), "no annotation");
+        obj.metadata.annotations = Some(BTreeMap::from([(
+            REQUESTED_AT.to_string(),
+            "now-1".to_string(),
+        )]));
+        assert!(obj.refresh_requested(), "never handled");
+        obj.status = Some(api::RegistryCredentialStatus {
+            last_handled_reconcile_at: Some("now-1".into()),
+            ..Default::default()
+        });
+        assert!(!obj.refresh_requested(), "handled: the cache serves again");
+        obj.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(REQUESTED_AT.to_string(), "now-2".to_string());
+        assert!(obj.refresh_requested(), "a new value");
+    }
 
     #[test]
     fn error_codes_become_camel_case_reasons() {

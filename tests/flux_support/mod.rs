@@ -1,4 +1,5 @@
-//! Flux's source-controller and a rotating cloud identity for `tests/flux.rs`.
+//! Flux's source-controller and rotating cloud credentials for `tests/flux.rs` and
+//! `tests/flux_registry_credential.rs`.
 //!
 //! - [`SourceController`]: the real source-controller (v1.9.6, built by `scripts/peers.sh`)
 //!   run outside a cluster against the test control plane (tests/control_plane), as the
@@ -12,6 +13,9 @@
 //!   with that one view replaced: it answers gcplocal's own reply until
 //!   [`Metadata::rotate`] writes a token file, then that token (same shape, same
 //!   lifetime), as a real metadata server does when it renews the instance's token.
+//! - [`Ecr`]: moto (PyPI) with its ECR `GetAuthorizationToken` view replaced, for
+//!   `tests/flux_registry_credential.rs`: moto's token expired on 2015-01-01 and never
+//!   changes; [`Ecr`]'s lives twelve hours, as ECR's do, and [`Ecr::rotate`] changes it.
 //! - [`Helm`]: the Helm CLI with a private HOME, to package and push the chart.
 //! - Reading Flux objects' status with kubectl, and bounded waits that print the
 //!   conditions and source-controller's log when they time out.
@@ -189,18 +193,7 @@ pub struct Metadata {
 impl Metadata {
     /// Starts it, handing out gcplocal's own token ([`GCPLOCAL_TOKEN`]).
     pub fn start() -> Metadata {
-        let gcplocal = peer("gcplocal", "pip install gcplocal");
-        // The interpreter gcplocal is installed for (its script's shebang).
-        let python = std::fs::read_to_string(&gcplocal)
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .next()
-                    .and_then(|l| l.strip_prefix("#!"))
-                    .map(|l| l.trim().to_string())
-            })
-            .filter(|p| Path::new(p).is_file())
-            .unwrap_or_else(|| panic!("cannot find the Python that runs {}", gcplocal.display()));
+        let python = interpreter_of(&peer("gcplocal", "pip install gcplocal"));
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("metadata.py");
         std::fs::write(&script, METADATA_WRAPPER).unwrap();
@@ -229,6 +222,102 @@ impl Metadata {
         let next = self.token_file.with_extension("next");
         std::fs::write(&next, token).unwrap();
         std::fs::rename(&next, &self.token_file).unwrap();
+    }
+}
+
+/// The Python interpreter a PyPI peer's script is installed for (its shebang).
+fn interpreter_of(script: &Path) -> PathBuf {
+    std::fs::read_to_string(script)
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .next()
+                .and_then(|l| l.strip_prefix("#!"))
+                .map(|l| PathBuf::from(l.trim()))
+        })
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| panic!("cannot find the Python that runs {}", script.display()))
+}
+
+/// moto's server with ECR's `GetAuthorizationToken` answering as ECR does: a token for
+/// twelve hours (moto's own expired on 2015-01-01, which regbroker would refresh every
+/// minute), and a password that [`Ecr::rotate`] changes.
+const ECR_WRAPPER: &str = r#"
+import sys, time
+from base64 import b64encode
+from moto.core.responses import ActionResult
+from moto.ecr.responses import ECRResponse
+from moto.server import main
+
+suffix_file = sys.argv.pop(1)
+
+def get_authorization_token(self):
+    # moto's own (moto/ecr/responses.py), but for the lifetime and the suffix.
+    try:
+        with open(suffix_file) as f:
+            suffix = f.read().strip()
+    except FileNotFoundError:
+        suffix = ""
+    registry_ids = self._get_param("registryIds") or [self.current_account]
+    auth_data = []
+    for registry_id in registry_ids:
+        password = f"{registry_id}-auth-token{suffix}"
+        auth_data.append({
+            "authorizationToken": b64encode(f"AWS:{password}".encode("ascii")).decode(),
+            "expiresAt": time.time() + 12 * 3600,
+            "proxyEndpoint": f"https://{registry_id}.dkr.ecr.{self.region}.amazonaws.com",
+        })
+    return ActionResult({"authorizationData": auth_data})
+
+ECRResponse.get_authorization_token = get_authorization_token
+sys.exit(main())
+"#;
+
+/// moto (STS, ECR) whose ECR tokens live twelve hours and can rotate. Killed when
+/// dropped.
+pub struct Ecr {
+    /// `127.0.0.1:PORT`, moto's endpoint for every service.
+    pub addr: String,
+    suffix_file: PathBuf,
+    _dir: tempfile::TempDir,
+    _emulator: Emulator,
+}
+
+impl Ecr {
+    /// Starts it; an account's password is moto's, `<account>-auth-token`.
+    pub fn start() -> Ecr {
+        let python = interpreter_of(&peer("moto_server", "pip install 'moto[server]'"));
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("ecr.py");
+        std::fs::write(&script, ECR_WRAPPER).unwrap();
+        let suffix_file = dir.path().join("suffix");
+        let emulator = Emulator::start(
+            &python,
+            &[
+                script.to_str().unwrap(),
+                suffix_file.to_str().unwrap(),
+                "-H",
+                "127.0.0.1",
+                "-p",
+                "PORT",
+            ],
+            "/moto-api/data.json",
+            &[("TZ", "UTC")],
+        );
+        Ecr {
+            addr: emulator.addr.clone(),
+            suffix_file,
+            _dir: dir,
+            _emulator: emulator,
+        }
+    }
+
+    /// From now on an account's password is `<account>-auth-token<suffix>`, as ECR hands
+    /// out a new token at every call.
+    pub fn rotate(&self, suffix: &str) {
+        let next = self.suffix_file.with_extension("next");
+        std::fs::write(&next, suffix).unwrap();
+        std::fs::rename(&next, &self.suffix_file).unwrap();
     }
 }
 
@@ -354,6 +443,16 @@ pub fn ready_status(obj: &serde_json::Value) -> String {
 /// The object's generation has been observed (its status is about its current spec).
 pub fn observed(obj: &serde_json::Value) -> bool {
     obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+}
+
+/// Ready=True for the current generation, with an artifact.
+pub fn ready_with_artifact(obj: &serde_json::Value) -> bool {
+    observed(obj) && ready_status(obj) == "True" && obj["status"]["artifact"]["digest"].is_string()
+}
+
+/// The reconcile asked for at `at` has been handled.
+pub fn handled(obj: &serde_json::Value, at: &str) -> bool {
+    obj["status"]["lastHandledReconcileAt"] == at
 }
 
 /// How long [`wait_for`] waits for one object.
