@@ -50,14 +50,10 @@
 //! real store is [`KubeLeaseStore`] (kube-rs), tested against a real API server in
 //! `tests/kube_leader.rs`.
 
-use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Api, PostParams};
-use regbroker_provider::{BoxFuture, SharedClock};
+use regbroker_provider::SharedClock;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -614,6 +610,7 @@ impl Leadership {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use regbroker_provider::BoxFuture;
     use regbroker_provider::{Clock, ManualClock};
 
     /// A Lease in memory with a resourceVersion counter; calls can be made to fail.

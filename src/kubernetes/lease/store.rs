@@ -10,6 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 use regbroker_provider::BoxFuture;
 
+use super::Config;
+
 /// The leader election record a Lease holds (its spec).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Record {
