@@ -57,29 +57,6 @@ const CREDENTIAL: &str = "charts";
 const HELM_CHART: &str = "helmchart.source.toolkit.fluxcd.io";
 const REGISTRY_CREDENTIAL: &str = "registrycredential.regbroker.dev";
 
-/// The CRD (`deploy/`'s copy of `regbroker crd`) and the controller's RBAC for
-/// ServiceAccount `NS/regbroker`; returns NS.
-async fn operator(cp: &ControlPlane) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/registry-credentials");
-    cp.apply(&std::fs::read_to_string(root.join("crd.yaml")).unwrap());
-    let (ok, out, err) = cp.kubectl(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/registrycredentials.regbroker.dev",
-            "--timeout=60s",
-        ],
-        "",
-    );
-    assert!(ok, "{out}{err}");
-    let ns = cp.namespace("regbroker").await;
-    let rbac = std::fs::read_to_string(root.join("rbac.yaml")).unwrap();
-    assert!(rbac.contains("namespace: regbroker"));
-    cp.apply(&rbac.replace("namespace: regbroker", &format!("namespace: {ns}")));
-    service_account(cp, &ns, "regbroker", None).await;
-    ns
-}
-
 async fn service_account(cp: &ControlPlane, ns: &str, name: &str, role: Option<&str>) {
     let sa = ServiceAccount {
         metadata: ObjectMeta {
@@ -231,7 +208,7 @@ async fn flux_pulls_with_a_registry_credential_through_rotation_until_it_is_dele
     let ecr = Ecr::start();
     let registry = Registry::start_with(Some((regbroker_aws::USERNAME, PASSWORD)));
     let host = registry.host.clone();
-    let operator_ns = operator(cp).await;
+    let operator_ns = cp.registry_credential_operator().await;
     let tenant = cp.namespace("team-a").await;
     service_account(cp, &tenant, "puller", Some(ROLE)).await;
     let config = regbroker::controller::Config {

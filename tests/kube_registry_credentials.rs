@@ -1,5 +1,6 @@
 //! The `RegistryCredential` controller on a real kube-apiserver, with moto issuing ECR
-//! tokens: the CRD `regbroker crd` prints (the copy in `deploy/`), the controller running
+//! tokens (`flux_support::Ecr`: moto whose tokens live twelve hours, as ECR's do, where
+//! stock moto's expired in 2015): the CRD `regbroker crd` prints (the copy in `deploy/`), the controller running
 //! in-process as the ServiceAccount and ClusterRole `deploy/registry-credentials/rbac.yaml`
 //! ships, and each tenant's ServiceAccount token from the API server's TokenRequest.
 //! moto's `AssumeRoleWithWebIdentity` maps each tenant's role to its own account, so two
@@ -18,16 +19,16 @@
 
 mod common;
 mod control_plane;
+mod flux_support;
 mod registry_peer;
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::path::Path;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use control_plane::ControlPlane;
+use control_plane::{ControlPlane, eventually};
+use flux_support::Ecr;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -38,7 +39,6 @@ use regbroker::broker::routing::Router;
 use regbroker::broker::static_secret;
 use regbroker::controller::api::{RegistryCredential, RegistryCredentialSpec};
 use regbroker::metrics::Metrics;
-use registry_peer::{Emulator, moto};
 
 const HOST: &str = "555555555555.dkr.ecr.us-east-1.amazonaws.com";
 const OTHER_HOST: &str = "666666666666.dkr.ecr.us-east-1.amazonaws.com";
@@ -48,48 +48,9 @@ const ROLE_B: &str = "arn:aws:iam::222222222222:role/team-b-puller";
 const STATIC_HOST: &str = "static.registry.test";
 const STATIC_PASSWORD: &str = "operators-own-password";
 
-/// The CRD (from `deploy/`, which `crd_copies_equal_the_generated_one` keeps equal to
-/// `regbroker crd`) and the controller's RBAC for ServiceAccount `NS/regbroker`, applied
-/// once per test binary; returns NS.
-async fn operator(cp: &ControlPlane) -> String {
-    static NS: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
-    NS.get_or_init(|| async {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/registry-credentials");
-        cp.apply(&std::fs::read_to_string(root.join("crd.yaml")).unwrap());
-        let (ok, out, err) = cp.kubectl(
-            &[
-                "wait",
-                "--for=condition=Established",
-                "crd/registrycredentials.regbroker.dev",
-                "--timeout=60s",
-            ],
-            "",
-        );
-        assert!(ok, "{out}{err}");
-        let ns = cp.namespace("regbroker").await;
-        let rbac = std::fs::read_to_string(root.join("rbac.yaml")).unwrap();
-        assert!(rbac.contains("namespace: regbroker"));
-        cp.apply(&rbac.replace("namespace: regbroker", &format!("namespace: {ns}")));
-        let sa = ServiceAccount {
-            metadata: ObjectMeta {
-                name: Some("regbroker".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<ServiceAccount>::namespaced(cp.admin(), &ns)
-            .create(&PostParams::default(), &sa)
-            .await
-            .unwrap();
-        ns
-    })
-    .await
-    .clone()
-}
-
 /// A broker whose only provider is AWS on moto, with the operator's static entry for
 /// [`STATIC_HOST`] and no identity of its own.
-fn broker(moto: &Emulator) -> Arc<Broker> {
+fn broker(moto: &Ecr) -> Arc<Broker> {
     let metrics = Arc::new(Metrics::new());
     let dir = tempfile::tempdir().unwrap().keep();
     let path = dir.join("config.json");
@@ -128,11 +89,11 @@ impl Drop for Running {
 
 async fn start(
     cp: &ControlPlane,
-    moto: &Emulator,
+    moto: &Ecr,
     namespaces: &[&str],
     default_service_account: Option<&str>,
 ) -> Running {
-    let ns = operator(cp).await;
+    let ns = cp.registry_credential_operator().await;
     let client = cp.service_account_client(&ns, "regbroker").await;
     let config = regbroker::controller::Config {
         namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
@@ -178,7 +139,7 @@ fn spec(registries: &[&str]) -> RegistryCredentialSpec {
 }
 
 async fn create(cp: &ControlPlane, ns: &str, name: &str, spec: RegistryCredentialSpec) {
-    operator(cp).await;
+    cp.registry_credential_operator().await;
     Api::<RegistryCredential>::namespaced(cp.admin(), ns)
         .create(&PostParams::default(), &RegistryCredential::new(name, spec))
         .await
@@ -200,22 +161,6 @@ fn condition(o: &RegistryCredential, type_: &str) -> Option<(String, String, Str
         .iter()
         .find(|c| c.type_ == type_)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-/// Polls `check` until it returns `Some`, for at most `within`; panics with `what`.
-async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(start.elapsed() < within, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Waits until the object has condition `type_` with `status` and `reason`; on timeout,
@@ -313,7 +258,7 @@ fn logs() -> regbroker_provider::test_util::LogCapture {
 async fn a_registry_credential_keeps_its_secret_as_the_spec_says() {
     let logs = logs();
     let cp = ControlPlane::shared_with_controllers();
-    let moto = moto();
+    let moto = Ecr::start();
     let a = cp.namespace("team-a").await;
     service_account(cp, &a, &[("eks.amazonaws.com/role-arn", ROLE_A)]).await;
     let mut s = spec(&[HOST]);
@@ -487,7 +432,7 @@ async fn a_registry_credential_keeps_its_secret_as_the_spec_says() {
 #[ignore = "needs moto_server, etcd, kube-apiserver, kube-controller-manager, kubectl from scripts/peers.sh; run scripts/test.sh"]
 async fn what_retrying_cannot_fix_stalls_and_the_fix_needs_no_touch_of_the_object() {
     let cp = ControlPlane::shared_with_controllers();
-    let moto = moto();
+    let moto = Ecr::start();
     let a = cp.namespace("team-a").await;
     create(cp, &a, "pull", spec(&[HOST])).await;
     // Without a serviceAccountName, and no default: ServiceAccountRequired.
@@ -590,7 +535,7 @@ async fn what_retrying_cannot_fix_stalls_and_the_fix_needs_no_touch_of_the_objec
 #[ignore = "needs moto_server, etcd, kube-apiserver, kube-controller-manager, kubectl from scripts/peers.sh; run scripts/test.sh"]
 async fn tenants_get_their_own_credentials_and_never_the_operators() {
     let cp = ControlPlane::shared_with_controllers();
-    let moto = moto();
+    let moto = Ecr::start();
     let (a, b, c) = (
         cp.namespace("team-a").await,
         cp.namespace("team-b").await,
@@ -647,7 +592,7 @@ async fn tenants_get_their_own_credentials_and_never_the_operators() {
 #[ignore = "needs moto_server, etcd, kube-apiserver, kube-controller-manager, kubectl from scripts/peers.sh; run scripts/test.sh"]
 async fn the_api_server_refuses_what_the_schema_can_say() {
     let cp = ControlPlane::shared_with_controllers();
-    operator(cp).await;
+    cp.registry_credential_operator().await;
     let a = cp.namespace("team-a").await;
     let api = Api::<RegistryCredential>::namespaced(cp.admin(), &a);
     let many: Vec<String> = (0..65).map(|i| format!("r{i}.example.com")).collect();
@@ -695,9 +640,9 @@ async fn the_api_server_refuses_what_the_schema_can_say() {
 #[ignore = "needs moto_server, etcd, kube-apiserver, kube-controller-manager, kubectl from scripts/peers.sh; run scripts/test.sh"]
 async fn deleting_the_object_collects_its_secret_and_view_users_see_status_not_secrets() {
     let cp = ControlPlane::shared_with_controllers();
-    let moto = moto();
+    let moto = Ecr::start();
     let a = cp.namespace("team-a").await;
-    operator(cp).await;
+    cp.registry_credential_operator().await;
     service_account(cp, &a, &[("eks.amazonaws.com/role-arn", ROLE_A)]).await;
     // An `edit` user of the namespace creates the object; a `view` user reads it.
     cp.apply(&format!(

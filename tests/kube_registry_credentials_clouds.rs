@@ -25,12 +25,10 @@ mod common;
 mod control_plane;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path as UrlPath, State};
@@ -39,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use base64::Engine as _;
 use common::FakeMetadata;
-use control_plane::ControlPlane;
+use control_plane::{ControlPlane, eventually};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
@@ -423,43 +421,6 @@ async fn start_google(fake: Arc<Google>) -> String {
 
 // --- The controller ----------------------------------------------------------------------
 
-/// The CRD and the controller's RBAC for ServiceAccount `NS/regbroker`, once per test
-/// binary; returns NS.
-async fn operator(cp: &ControlPlane) -> String {
-    static NS: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
-    NS.get_or_init(|| async {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/registry-credentials");
-        cp.apply(&std::fs::read_to_string(root.join("crd.yaml")).unwrap());
-        let (ok, out, err) = cp.kubectl(
-            &[
-                "wait",
-                "--for=condition=Established",
-                "crd/registrycredentials.regbroker.dev",
-                "--timeout=60s",
-            ],
-            "",
-        );
-        assert!(ok, "{out}{err}");
-        let ns = cp.namespace("regbroker").await;
-        let rbac = std::fs::read_to_string(root.join("rbac.yaml")).unwrap();
-        cp.apply(&rbac.replace("namespace: regbroker", &format!("namespace: {ns}")));
-        let sa = ServiceAccount {
-            metadata: ObjectMeta {
-                name: Some("regbroker".into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        Api::<ServiceAccount>::namespaced(cp.admin(), &ns)
-            .create(&PostParams::default(), &sa)
-            .await
-            .unwrap();
-        ns
-    })
-    .await
-    .clone()
-}
-
 /// The controller, stopped when the handle drops.
 struct Running(tokio::task::JoinHandle<()>);
 
@@ -472,7 +433,7 @@ impl Drop for Running {
 /// The controller as the deploy/ RBAC's ServiceAccount, watching `namespaces`, with
 /// `provider` as the broker's only provider.
 async fn start(cp: &ControlPlane, provider: Arc<dyn Provider>, namespaces: &[&str]) -> Running {
-    let ns = operator(cp).await;
+    let ns = cp.registry_credential_operator().await;
     let client = cp.service_account_client(&ns, "regbroker").await;
     let metrics = Arc::new(Metrics::new());
     let broker = Arc::new(Broker::new(
@@ -496,7 +457,7 @@ async fn start(cp: &ControlPlane, provider: Arc<dyn Provider>, namespaces: &[&st
 /// A new namespace with ServiceAccount `puller` annotated with `annotations`, and a
 /// `RegistryCredential` `pull` for `registry` naming it.
 async fn tenant(cp: &ControlPlane, annotations: &[(&str, &str)], registry: &str) -> String {
-    operator(cp).await;
+    cp.registry_credential_operator().await;
     let ns = cp.namespace("tenant").await;
     let sa = ServiceAccount {
         metadata: ObjectMeta {
@@ -549,22 +510,6 @@ async fn wait_for(cp: &ControlPlane, ns: &str, type_: &str, status: &str, reason
         },
     )
     .await
-}
-
-/// Polls `check` until it returns `Some`, for at most `within`; panics with `what`.
-async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(start.elapsed() < within, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// Every `auths` entry of Secret `ns/pull`, registry -> (username, password); `None`

@@ -29,7 +29,7 @@ pub mod status;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
@@ -364,17 +364,6 @@ impl Context {
         )
     }
 
-    /// Until when the Secret's entry for `credential`, got at `now`, is good: its expiry;
-    /// for one the provider says has already expired (a clock far off), the broker's
-    /// fallback lifetime, for which the broker serves it too.
-    fn valid_until(&self, credential: &Credential, now: SystemTime) -> Option<SystemTime> {
-        let expires = credential.expires_at()?;
-        if expires > now {
-            return Some(expires);
-        }
-        Some(crate::broker::cache::plan(self.broker.cache().config(), now, Some(expires)).stale_at)
-    }
-
     /// The object that keeps `target` in `ns` first (created earliest, then by name), if
     /// not `obj`.
     fn first_claim(&self, ns: &str, target: &str, obj: &RegistryCredential) -> Option<String> {
@@ -704,7 +693,7 @@ impl Context {
                     states.push(RegistryStatus {
                         name: registry.to_string(),
                         provider: Some(source.to_string()),
-                        expires_at: self.valid_until(&credential, now).map(status::time),
+                        expires_at: credential.expires_at().map(status::time),
                         reason: status::SUCCEEDED.to_string(),
                     });
                 }

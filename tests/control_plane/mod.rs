@@ -751,3 +751,61 @@ impl Tethered {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 }
+
+/// Polls `check` until it returns `Some`, for at most `within`; panics with `what`.
+pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < within, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+impl ControlPlane {
+    /// What the operator installs for the RegistryCredential controller, once per test
+    /// binary: the CRD (`deploy/`'s copy of `regbroker crd`) and the controller's RBAC
+    /// (`deploy/registry-credentials/rbac.yaml`) for a ServiceAccount `NS/regbroker`, NS
+    /// a namespace of its own. Returns NS.
+    pub async fn registry_credential_operator(&self) -> String {
+        static NS: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+        NS.get_or_init(|| async {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/registry-credentials");
+            self.apply(&std::fs::read_to_string(root.join("crd.yaml")).unwrap());
+            let (ok, out, err) = self.kubectl(
+                &[
+                    "wait",
+                    "--for=condition=Established",
+                    "crd/registrycredentials.regbroker.dev",
+                    "--timeout=60s",
+                ],
+                "",
+            );
+            assert!(ok, "{out}{err}");
+            let ns = self.namespace("regbroker").await;
+            let rbac = std::fs::read_to_string(root.join("rbac.yaml")).unwrap();
+            assert!(rbac.contains("namespace: regbroker"));
+            self.apply(&rbac.replace("namespace: regbroker", &format!("namespace: {ns}")));
+            let sa = ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some("regbroker".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            Api::<ServiceAccount>::namespaced(self.admin(), &ns)
+                .create(&PostParams::default(), &sa)
+                .await
+                .unwrap();
+            ns
+        })
+        .await
+        .clone()
+    }
+}
