@@ -334,6 +334,146 @@ fn misordered_leader_election_timings_exit_64_naming_the_flags() {
     assert!(text(&out.stderr).contains("--sync-secret"));
 }
 
+/// `regbroker ARGS` with `env` added (bounded).
+fn regbroker_env(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    run_bounded(
+        Command::new(BIN)
+            .args(args)
+            .env_remove("REGBROKER_CONFIG")
+            .env_remove("REGBROKER_DOCKER_CONFIG")
+            .env_remove("REGBROKER_LISTEN")
+            .envs(env.iter().copied()),
+        None,
+        CLI_BOUND,
+    )
+}
+
+/// Leader election guards the Secret sync and the RegistryCredential controller: the
+/// controller alone is enough. `serve --leader-elect --registry-credentials` without
+/// `--sync-secret` starts both (its API server unreachable: the client connects lazily and
+/// the elector retries), serves, and stops cleanly on SIGTERM.
+#[test]
+fn leader_election_guarding_only_the_controller_starts() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let server = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    });
+    std::fs::write(&kubeconfig, doc.to_string()).unwrap();
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--registry-credentials",
+                "--leader-elect",
+                "--leader-elect-namespace",
+                "regbroker",
+            ])
+            .env_remove("REGBROKER_CONFIG")
+            .env_remove("REGBROKER_DOCKER_CONFIG")
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAME", "replica-a")
+            .env("REGBROKER_LOG", "info")
+            .env("REGBROKER_LOG_FORMAT", "json")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut messages = Vec::new();
+    while !messages.iter().any(|m| m == "Listening") {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no \"Listening\" within 30 s; logged: {messages:?}"));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+        messages.push(v["message"].as_str().unwrap_or(&line).to_string());
+    }
+    for wanted in ["Leader election", "RegistryCredential controller starting"] {
+        assert!(
+            messages.iter().any(|m| m == wanted),
+            "{wanted:?} not logged: {messages:?}"
+        );
+    }
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = wait_exit(&mut child, Duration::from_secs(15)).expect("exits on SIGTERM");
+    assert!(status.success(), "{status}");
+}
+
+/// The controller's settings without the controller are refused (exit 64, naming what is
+/// missing): by clap when `--registry-credentials` is absent, and by `serve` when it is
+/// given as off (`REGBROKER_REGISTRY_CREDENTIALS=false`), which clap counts as given: they
+/// were ignored in silence then, and `--leader-elect` guarded nothing.
+#[test]
+fn controller_settings_without_the_controller_exit_64() {
+    let serve = ["serve", "--listen", "127.0.0.1:0"];
+    let off = [("REGBROKER_REGISTRY_CREDENTIALS", "false")];
+    type Env<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(&[&str], Env, &str); 6] = [
+        (
+            &["--registry-credentials-namespace", "team-a"],
+            &[],
+            "the following required arguments were not provided:\n  --registry-credentials\n",
+        ),
+        (
+            &[],
+            &[("REGBROKER_REGISTRY_CREDENTIALS_NAMESPACE", "team-a")],
+            "the following required arguments were not provided:\n  --registry-credentials\n",
+        ),
+        (
+            &["--default-service-account", "puller"],
+            &[],
+            "the following required arguments were not provided:\n  --registry-credentials\n",
+        ),
+        (
+            &["--registry-credentials-namespace", "team-a"],
+            &off,
+            "--registry-credentials-namespace (REGBROKER_REGISTRY_CREDENTIALS_NAMESPACE) needs --registry-credentials (REGBROKER_REGISTRY_CREDENTIALS), which is off",
+        ),
+        (
+            &["--default-service-account", "puller"],
+            &off,
+            "--default-service-account (REGBROKER_DEFAULT_SERVICE_ACCOUNT) needs --registry-credentials (REGBROKER_REGISTRY_CREDENTIALS), which is off",
+        ),
+        (
+            &["--leader-elect"],
+            &off,
+            "--leader-elect (REGBROKER_LEADER_ELECT) has nothing to guard: --registry-credentials (REGBROKER_REGISTRY_CREDENTIALS) is off and no Secret is synced",
+        ),
+    ];
+    for (args, env, message) in cases {
+        let out = regbroker_env(&[&serve[..], args].concat(), env);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{args:?} {env:?}: {stderr}");
+        assert!(stderr.contains(message), "{args:?} {env:?}: {stderr}");
+        assert_eq!(
+            stderr.matches(message).count(),
+            1,
+            "said once: {args:?} {env:?}: {stderr}"
+        );
+    }
+}
+
 /// The README's run command, then the README's curl, then SIGTERM.
 #[test]
 fn serve_readme_example_answers_and_stops_on_sigterm() {

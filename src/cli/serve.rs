@@ -232,6 +232,31 @@ pub(super) async fn run(args: ServeArgs) -> Result<(), Failure> {
     }
     core.metrics.sinks.set_required(args.ready_requires_sinks);
     let syncs = !(args.sync_secret.is_empty() && entries.is_empty());
+    // clap's `requires` takes a switch given as off (REGBROKER_REGISTRY_CREDENTIALS=false)
+    // as given; without these checks the settings below would be ignored in silence.
+    let controller_only = [
+        (
+            !args.registry_credentials_namespaces.is_empty(),
+            "--registry-credentials-namespace (REGBROKER_REGISTRY_CREDENTIALS_NAMESPACE)",
+        ),
+        (
+            args.default_service_account.is_some(),
+            "--default-service-account (REGBROKER_DEFAULT_SERVICE_ACCOUNT)",
+        ),
+    ];
+    if let Some((_, setting)) = controller_only
+        .iter()
+        .find(|(set, _)| *set && !args.registry_credentials)
+    {
+        return Err(Failure::Config(format!(
+            "{setting} needs --registry-credentials (REGBROKER_REGISTRY_CREDENTIALS), which is off"
+        )));
+    }
+    if args.leader.enabled() && !syncs && !args.registry_credentials {
+        return Err(Failure::Config(
+            "--leader-elect (REGBROKER_LEADER_ELECT) has nothing to guard: --registry-credentials (REGBROKER_REGISTRY_CREDENTIALS) is off and no Secret is synced".into(),
+        ));
+    }
     let client = if syncs || args.registry_credentials {
         Some(
             crate::kubernetes::client_from_environment()

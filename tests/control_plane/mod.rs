@@ -13,8 +13,13 @@
 //!   running only the garbage collector, the namespace controller and ClusterRole
 //!   aggregation (`--controllers=garbagecollector,namespace,clusterrole-aggregation`), as
 //!   the admin, without leader election. It is ready once a dependent object the
-//!   collector had to delete is gone. A test binary uses one of the two, not both: each
-//!   is a control plane of its own.
+//!   collector had to delete is gone;
+//! - [`ControlPlane::shared_with_audit`] is [`ControlPlane::shared`] plus the API
+//!   server's audit log of every write request and every read of a Lease (metadata
+//!   only: never a body), read by [`ControlPlane::audited`], so a test can tell which
+//!   client wrote what, even clients acting as one ServiceAccount (by source address).
+//!
+//! A test binary uses one of the three: each is a control plane of its own.
 //!
 //! Peers come from `REGBROKER_PEERS_FILE` (the `NAME=PATH` lines `scripts/peers.sh`
 //! prints; `scripts/test.sh` sets it), else from running `scripts/peers.sh`, which builds
@@ -110,6 +115,8 @@ pub struct ControlPlane {
     pub admin_kubeconfig: PathBuf,
     /// The service-account token issuer.
     pub issuer: String,
+    /// The audit log ([`ControlPlane::shared_with_audit`]).
+    pub audit_log: Option<PathBuf>,
     /// How long start-up took, from spawning etcd to `/readyz` answering ok.
     pub started_in: Duration,
     /// With kube-controller-manager: how long it took to work, from spawning it to its
@@ -140,6 +147,23 @@ const CONTROLLERS: &str = "garbagecollector,namespace,clusterrole-aggregation";
 
 static SHARED: OnceLock<ControlPlane> = OnceLock::new();
 static SHARED_WITH_CONTROLLERS: OnceLock<ControlPlane> = OnceLock::new();
+static SHARED_WITH_AUDIT: OnceLock<ControlPlane> = OnceLock::new();
+
+/// What the audit log records: every request that may write, and the reads of Leases (a
+/// leader-election candidate's rounds), not the other reads, which are most of the
+/// traffic; at level Metadata (who, what, the answer; no body, so no Secret data), once
+/// the response is complete.
+const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+  - level: Metadata
+    verbs: ["create", "update", "patch", "delete", "deletecollection"]
+  - level: Metadata
+    verbs: ["get"]
+    resources: [{group: "coordination.k8s.io", resources: ["leases"]}]
+  - level: None
+"#;
 static NAMES: AtomicUsize = AtomicUsize::new(0);
 
 impl ControlPlane {
@@ -172,6 +196,25 @@ impl ControlPlane {
         })
     }
 
+    /// This test binary's control plane with an audit log of every write request and
+    /// every read of a Lease ([`ControlPlane::audited`]), started on first use.
+    pub fn shared_with_audit() -> &'static ControlPlane {
+        SHARED_WITH_AUDIT.get_or_init(|| {
+            let cp = ControlPlane::start_with_audit(Peers::find());
+            eprintln!(
+                "control plane: etcd + kube-apiserver (audited) ready at {} in {:.1} s",
+                cp.server,
+                cp.started_in.as_secs_f64()
+            );
+            cp
+        })
+    }
+
+    /// [`ControlPlane::start`] with the API server writing an audit log ([`AUDIT_POLICY`]).
+    pub fn start_with_audit(peers: Peers) -> ControlPlane {
+        ControlPlane::start_retrying(peers, true)
+    }
+
     /// [`ControlPlane::start`], then kube-controller-manager running [`CONTROLLERS`];
     /// returns once its garbage collector has deleted a probe object. A failed start
     /// (a port taken meanwhile, say) is retried.
@@ -193,9 +236,13 @@ impl ControlPlane {
     /// Starts etcd and kube-apiserver in a new temporary directory and waits until the API
     /// server is ready. A port taken between choosing and binding it is retried.
     pub fn start(peers: Peers) -> ControlPlane {
+        ControlPlane::start_retrying(peers, false)
+    }
+
+    fn start_retrying(peers: Peers, audit: bool) -> ControlPlane {
         let mut last = String::new();
         for _ in 0..3 {
-            match ControlPlane::try_start(peers.clone()) {
+            match ControlPlane::try_start(peers.clone(), audit) {
                 Ok(cp) => return cp,
                 Err(e) => {
                     eprintln!("control plane: start failed, retrying: {e}");
@@ -206,7 +253,7 @@ impl ControlPlane {
         panic!("control plane did not start: {last}");
     }
 
-    fn try_start(peers: Peers) -> Result<ControlPlane, String> {
+    fn try_start(peers: Peers, audit: bool) -> Result<ControlPlane, String> {
         let dir = tempfile::Builder::new()
             .prefix("regbroker-control-plane-")
             .tempdir()
@@ -251,9 +298,21 @@ impl ControlPlane {
         );
         let server = format!("https://127.0.0.1:{api_port}");
         let issuer = format!("{server}/regbroker-test");
+        let audit_log = audit.then(|| dir.join("audit.log"));
+        let mut apiserver_command = Command::new(peers.get("kube-apiserver"));
+        if let Some(log) = &audit_log {
+            let policy = write("audit-policy.yaml", AUDIT_POLICY);
+            // The log backend's default mode, blocking: each event is in the file before
+            // its response is sent.
+            apiserver_command
+                .arg(format!("--audit-policy-file={}", policy.display()))
+                .arg(format!("--audit-log-path={}", log.display()))
+                .arg("--audit-log-format=json")
+                .arg("--audit-log-mode=blocking");
+        }
         let mut apiserver = Tethered::spawn(
             "kube-apiserver",
-            Command::new(peers.get("kube-apiserver"))
+            apiserver_command
                 .arg(format!("--etcd-servers={etcd_url}"))
                 .arg("--bind-address=127.0.0.1")
                 .arg("--advertise-address=127.0.0.1")
@@ -310,6 +369,7 @@ impl ControlPlane {
             ca_pem: pki.ca_pem,
             admin_kubeconfig,
             issuer,
+            audit_log,
             started_in: started.elapsed(),
             controllers_started_in: None,
             peers,
@@ -521,6 +581,24 @@ impl ControlPlane {
         )
     }
 
+    /// Every request the audit log holds so far (writes, and reads of Leases), in the
+    /// order their responses completed ([`ControlPlane::shared_with_audit`] only).
+    pub fn audited(&self) -> Vec<Audited> {
+        let path = self
+            .audit_log
+            .as_ref()
+            .expect("no audit log: use ControlPlane::shared_with_audit");
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        // A line being written as we read is incomplete: only whole lines count.
+        let whole = text.rfind('\n').map_or("", |i| &text[..i]);
+        whole
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["stage"] == "ResponseComplete")
+            .map(|e| Audited::from_event(&e))
+            .collect()
+    }
+
     /// Applies `yaml` (server-side apply, as the admin); panics with kubectl's message on
     /// failure.
     pub fn apply(&self, yaml: &str) {
@@ -535,6 +613,63 @@ impl ControlPlane {
             yaml,
         );
         assert!(ok, "kubectl apply failed:\n{err}\n{out}\n---\n{yaml}");
+    }
+}
+
+/// One request from the audit log.
+#[derive(Clone, Debug)]
+pub struct Audited {
+    /// The client's address (the TCP peer: nothing here sets X-Forwarded-For).
+    pub source: String,
+    pub user: String,
+    pub verb: String,
+    /// `secrets`, `leases`, `events`, `registrycredentials`...
+    pub resource: String,
+    /// `status`, `token`, or empty.
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+    /// The HTTP status answered.
+    pub code: u16,
+    /// When the API server received it, and when it answered.
+    pub received: std::time::SystemTime,
+    pub completed: std::time::SystemTime,
+}
+
+impl Audited {
+    fn from_event(e: &serde_json::Value) -> Audited {
+        let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        let time = |v: &serde_json::Value| {
+            let t: k8s_openapi::jiff::Timestamp = serde_json::from_value(v.clone())
+                .unwrap_or_else(|err| panic!("audit event time {v}: {err}"));
+            std::time::SystemTime::from(t)
+        };
+        let o = &e["objectRef"];
+        Audited {
+            source: s(&e["sourceIPs"][0]),
+            user: s(&e["user"]["username"]),
+            verb: s(&e["verb"]),
+            resource: s(&o["resource"]),
+            subresource: s(&o["subresource"]),
+            namespace: s(&o["namespace"]),
+            name: s(&o["name"]),
+            code: e["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
+            received: time(&e["requestReceivedTimestamp"]),
+            completed: time(&e["stageTimestamp"]),
+        }
+    }
+
+    /// Whether it was answered with success (2xx).
+    pub fn succeeded(&self) -> bool {
+        (200..300).contains(&self.code)
+    }
+
+    /// Whether it may write (not a read).
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
     }
 }
 
