@@ -93,12 +93,24 @@ async fn start(
     namespaces: &[&str],
     default_service_account: Option<&str>,
 ) -> Running {
+    start_with(cp, moto, namespaces, default_service_account, Vec::new()).await
+}
+
+/// [`start`], with `reserved`: the Secrets regbroker's own configuration keeps
+/// (`--sync-secret`, `[[secret]]`).
+async fn start_with(
+    cp: &ControlPlane,
+    moto: &Ecr,
+    namespaces: &[&str],
+    default_service_account: Option<&str>,
+    reserved: Vec<regbroker::sinks::secret_sync::SecretRef>,
+) -> Running {
     let ns = cp.registry_credential_operator().await;
     let client = cp.service_account_client(&ns, "regbroker").await;
     let config = regbroker::controller::Config {
         namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
         default_service_account: default_service_account.map(str::to_string),
-        reserved: Vec::new(),
+        reserved,
     };
     Running(tokio::spawn(regbroker::controller::run(
         broker(moto),
@@ -456,8 +468,21 @@ async fn what_retrying_cannot_fix_stalls_and_the_fix_needs_no_touch_of_the_objec
         .await
         .unwrap();
     create(cp, &a, "taken", spec(&[HOST])).await;
-    let _controller = start(cp, &moto, &[&a], None).await;
+    // A Secret regbroker's own configuration keeps (a [[secret]] entry): the file wins.
+    create(cp, &a, "configured", spec(&[HOST])).await;
+    let reserved = vec![regbroker::sinks::secret_sync::SecretRef {
+        namespace: a.clone(),
+        name: "configured".into(),
+    }];
+    let _controller = start_with(cp, &moto, &[&a], None, reserved).await;
 
+    let o = wait_for(cp, &a, "configured", "Stalled", "True", "SecretConflict").await;
+    let (_, _, message) = condition(&o, "Stalled").unwrap();
+    assert!(
+        message.contains("regbroker's own configuration"),
+        "{message}"
+    );
+    assert!(secret(cp, &a, "configured").await.is_none());
     let o = wait_for(cp, &a, "pull", "Stalled", "True", "ServiceAccountNotFound").await;
     let (ready, reason, message) = condition(&o, "Ready").unwrap();
     assert_eq!(

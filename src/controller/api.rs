@@ -68,7 +68,7 @@ pub struct RegistryCredentialSpec {
     /// cloud annotations, and its token from TokenRequest). Without it, regbroker's
     /// `--default-service-account`; without that, the object is Stalled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "dns_label_schema")]
+    #[schemars(schema_with = "dns_subdomain_schema")]
     pub service_account_name: Option<String>,
     /// A `kubernetes.io/dockerconfigjson` Secret of this namespace whose entries win over
     /// contextual login, per registry (Flux RFC-0002).
@@ -188,17 +188,14 @@ fn registries_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-fn dns_label_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+/// A DNS-1123 subdomain: the names of Secrets and ServiceAccounts.
+fn dns_subdomain_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "string",
         "minLength": 1,
         "maxLength": 253,
         "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
     })
-}
-
-fn dns_subdomain_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    dns_label_schema(g)
 }
 
 fn registry_statuses_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -218,4 +215,61 @@ fn list_map(items: schemars::Schema, key: &str) -> schemars::Schema {
         "x-kubernetes-list-map-keys": [key],
         "items": items,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_target_is_the_spec_s_name_else_the_object_s() {
+        let spec = RegistryCredentialSpec {
+            registries: vec!["a.test".into()],
+            service_account_name: None,
+            secret_ref: None,
+            target: None,
+            suspend: false,
+        };
+        let mut obj = RegistryCredential::new("charts", spec);
+        assert_eq!(obj.target_name(), Some("charts"));
+        obj.spec.target = Some(LocalObjectReference {
+            name: "charts-pull".into(),
+        });
+        assert_eq!(obj.target_name(), Some("charts-pull"));
+    }
+
+    /// What the API server enforces comes from these markers (tests/kube_registry_credentials.rs
+    /// shows it refusing; tests/cli.rs keeps the shipped copies equal to this).
+    #[test]
+    fn the_schema_bounds_registries_and_keys_its_lists() {
+        let crd = serde_json::to_value(crd()).unwrap();
+        assert_eq!(crd["metadata"]["name"], "registrycredentials.regbroker.dev");
+        let version = &crd["spec"]["versions"][0];
+        assert!(version["subresources"]["status"].is_object());
+        let schema = &version["schema"]["openAPIV3Schema"]["properties"];
+        let registries = &schema["spec"]["properties"]["registries"];
+        assert_eq!(registries["minItems"], 1);
+        assert_eq!(registries["maxItems"], 64);
+        assert_eq!(registries["x-kubernetes-list-type"], "set");
+        assert_eq!(registries["items"]["maxLength"], 255);
+        assert_eq!(registries["items"]["pattern"], REGISTRY_PATTERN);
+        for name in [
+            &schema["spec"]["properties"]["serviceAccountName"],
+            &schema["spec"]["properties"]["target"]["properties"]["name"],
+            &schema["spec"]["properties"]["secretRef"]["properties"]["name"],
+        ] {
+            assert_eq!(name["maxLength"], 253, "{name}");
+            assert!(name["pattern"].as_str().unwrap().starts_with("^[a-z0-9]"));
+        }
+        let status = &schema["status"]["properties"];
+        for (list, key) in [("conditions", "type"), ("registries", "name")] {
+            assert_eq!(status[list]["x-kubernetes-list-type"], "map", "{list}");
+            assert_eq!(status[list]["x-kubernetes-list-map-keys"][0], key, "{list}");
+            assert!(
+                status[list]["items"]["properties"][key].is_object(),
+                "{list}"
+            );
+        }
+    }
 }
