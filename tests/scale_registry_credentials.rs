@@ -290,7 +290,7 @@ async fn scale_registry_credentials() {
         ("AWS_ENDPOINT_URL", endpoint.as_str()),
         ("AWS_REGION", "us-east-1"),
         ("AWS_EC2_METADATA_DISABLED", "true"),
-        ("REGBROKER_LOG", "warn"),
+        ("REGBROKER_LOG", "info"),
     ];
     let mut controller = tokio::task::block_in_place(|| ServeProcess::start(&args, &env));
     let idle = rss(controller.child.id());
