@@ -11,8 +11,8 @@
 //! `regbroker serve --registry-credentials`, as the ServiceAccount and ClusterRole of
 //! `deploy/registry-credentials/rbac.yaml`, so its RSS is read from `/proc`.
 //!
-//! moto's ECR tokens say they expired in 2015, so the controller keeps them for the
-//! cache's `fallback_ttl`, set here to 12 h (ECR's real token life): no refresh point falls
+//! moto issues twelve-hour ECR tokens here (`flux_support::Ecr`, as ECR does; stock moto's
+//! say they expired in 2015), capped by the role session's hour: no refresh point falls
 //! inside the run, and the steady state should write nothing.
 //!
 //! Printed: creation to all Ready; the API requests by verb and resource during start-up,
@@ -31,6 +31,7 @@
 
 mod common;
 mod control_plane;
+mod flux_support;
 mod registry_peer;
 
 use std::collections::BTreeMap;
@@ -39,12 +40,12 @@ use std::time::{Duration, Instant};
 
 use common::ServeProcess;
 use control_plane::ControlPlane;
+use flux_support::Ecr;
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, PostParams};
 use regbroker::controller::api::{OWNER_LABEL, RegistryCredential, RegistryCredentialSpec};
-use registry_peer::moto;
 
 const HOST: &str = "111111111111.dkr.ecr.us-east-1.amazonaws.com";
 const ACCOUNT: &str = "111111111111";
@@ -252,7 +253,7 @@ async fn scale_registry_credentials() {
     let namespaces = setting("REGBROKER_SCALE_NAMESPACES", 100).max(1) as usize;
     let steady = Duration::from_secs(setting("REGBROKER_SCALE_STEADY_SECS", 180));
     let cp = ControlPlane::shared();
-    let moto = moto();
+    let moto = Ecr::start();
     let operator_ns = operator(cp).await;
     let kubeconfig = cp
         .service_account_kubeconfig(&operator_ns, "regbroker")
@@ -278,7 +279,7 @@ async fn scale_registry_credentials() {
 
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("regbroker.toml");
-    std::fs::write(&config, "[cache]\nfallback_ttl = \"12h\"\n").unwrap();
+    std::fs::write(&config, "").unwrap();
     let endpoint = format!("http://{}", moto.addr);
     let args = [
         "--config",
