@@ -404,6 +404,13 @@ mod tests {
             (ready.status.as_str(), ready.reason.as_str()),
             ("True", SUCCEEDED)
         );
+        assert!(
+            ready
+                .message
+                .starts_with("Secret pull holds credentials for 2 registries; valid until "),
+            "{}",
+            ready.message
+        );
         assert_eq!(ready.last_transition_time, time(at(0)));
         assert!(cond(&first, RECONCILING).is_none() && cond(&first, STALLED).is_none());
         assert_eq!(transitions(&empty, &first)[0].reason, SUCCEEDED);
@@ -534,7 +541,10 @@ mod tests {
         );
         assert_eq!(s.last_handled_reconcile_at.as_deref(), Some("t1"));
         assert_eq!(s.expires_at, None, "a static entry does not expire");
-        assert!(cond(&s, READY).unwrap().message.contains("none expires"));
+        assert_eq!(
+            cond(&s, READY).unwrap().message,
+            "Secret pull holds credentials for 1 registry; none expires"
+        );
         let s2 = next(&s, Some(2), "pull", None, synced(regs, false), at(10));
         assert_eq!(s2.observed_generation, Some(2));
         assert_eq!(cond(&s2, READY).unwrap().observed_generation, Some(2));
