@@ -35,7 +35,6 @@ mod flux_support;
 mod registry_peer;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::ServeProcess;
@@ -55,26 +54,6 @@ fn setting(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// The CRD and the controller's RBAC for ServiceAccount `NS/regbroker`; returns NS.
-async fn operator(cp: &ControlPlane) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/registry-credentials");
-    cp.apply(&std::fs::read_to_string(root.join("crd.yaml")).unwrap());
-    let (ok, out, err) = cp.kubectl(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/registrycredentials.regbroker.dev",
-            "--timeout=60s",
-        ],
-        "",
-    );
-    assert!(ok, "{out}{err}");
-    let ns = cp.namespace("regbroker").await;
-    let rbac = std::fs::read_to_string(root.join("rbac.yaml")).unwrap();
-    cp.apply(&rbac.replace("namespace: regbroker", &format!("namespace: {ns}")));
-    ns
 }
 
 fn puller(i: usize) -> ServiceAccount {
@@ -254,7 +233,7 @@ async fn scale_registry_credentials() {
     let steady = Duration::from_secs(setting("REGBROKER_SCALE_STEADY_SECS", 180));
     let cp = ControlPlane::shared();
     let moto = Ecr::start();
-    let operator_ns = operator(cp).await;
+    let operator_ns = cp.registry_credential_operator().await;
     let kubeconfig = cp
         .service_account_kubeconfig(&operator_ns, "regbroker")
         .await;
