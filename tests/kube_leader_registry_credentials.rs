@@ -1,6 +1,7 @@
 //! Leader failover of the `RegistryCredential` controller (issue 24): replicas of the real
 //! binary, `regbroker serve --registry-credentials --leader-elect` (no `--sync-secret`),
-//! against a real kube-apiserver (tests/control_plane) with moto issuing ECR tokens. Every
+//! against a real kube-apiserver (tests/control_plane) with moto issuing twelve-hour ECR
+//! tokens (`flux_support::Ecr`). Every
 //! replica acts as the ServiceAccount that `deploy/` ships, with the RBAC it ships
 //! (`deploy/standalone/rbac.yaml`: the Lease; `deploy/registry-credentials/rbac.yaml`: the
 //! controller), and reaches the API server through a TCP proxy of its own that connects
@@ -24,6 +25,7 @@
 
 mod common;
 mod control_plane;
+mod flux_support;
 mod registry_peer;
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -32,6 +34,7 @@ use std::time::{Duration, SystemTime};
 
 use common::ServeProcess;
 use control_plane::{Audited, ControlPlane};
+use flux_support::Ecr;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
@@ -39,7 +42,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams};
 use regbroker::controller::api::{RegistryCredential, RegistryCredentialSpec};
 use regbroker_provider::{Clock as _, SystemClock};
-use registry_peer::{Emulator, closed_port, moto};
+use registry_peer::closed_port;
 use rustix::process::Signal;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::Instant;
@@ -236,7 +239,7 @@ struct Cluster {
     /// The tenant's namespace: its ServiceAccount `puller` and the objects.
     tenant: String,
     kubeconfig: serde_json::Value,
-    moto: Emulator,
+    moto: Ecr,
     upstream: SocketAddr,
     next: u8,
     dir: tempfile::TempDir,
@@ -267,7 +270,7 @@ impl Cluster {
             operator,
             tenant,
             kubeconfig,
-            moto: moto(),
+            moto: Ecr::start(),
             upstream,
             next: 0,
             dir: tempfile::tempdir().unwrap(),
