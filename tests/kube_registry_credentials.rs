@@ -743,3 +743,78 @@ spec: {{registries: [{HOST}], serviceAccountName: puller}}
     })
     .await;
 }
+
+/// A restart, or a new leader, starts with an empty cache: it keeps what each Secret
+/// holds while that was fetched as the identity that would fetch it now and its refresh
+/// point is ahead, instead of fetching and writing every Secret again; an identity changed
+/// while no controller ran is fetched anew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs moto_server, etcd, kube-apiserver, kube-controller-manager, kubectl from scripts/peers.sh; run scripts/test.sh"]
+async fn a_restart_keeps_what_secrets_hold_unless_the_identity_changed() {
+    let cp = ControlPlane::shared_with_controllers();
+    let moto = Ecr::start();
+    let a = cp.namespace("restart").await;
+    service_account(cp, &a, &[("eks.amazonaws.com/role-arn", ROLE_A)]).await;
+    create(cp, &a, "kept", spec(&[HOST])).await;
+    let controller = start(cp, &moto, &[&a], None).await;
+    wait_for(cp, &a, "kept", "Ready", "True", "Succeeded").await;
+    let versions = || async {
+        (
+            object(cp, &a, "kept").await.metadata.resource_version,
+            secret(cp, &a, "kept")
+                .await
+                .unwrap()
+                .metadata
+                .resource_version,
+        )
+    };
+    let before = versions().await;
+    let sec = secret(cp, &a, "kept").await.unwrap();
+    let annotations = sec.metadata.annotations.clone().unwrap();
+    let refresh_at: k8s_openapi::jiff::Timestamp =
+        annotations["regbroker.dev/refresh-at"].parse().unwrap();
+    assert!(
+        refresh_at > k8s_openapi::jiff::Timestamp::now(),
+        "{annotations:?}"
+    );
+    assert_eq!(annotations["regbroker.dev/fetched-as"].len(), 32);
+
+    // moto now answers with other tokens: a fetch would show in the Secret.
+    moto.rotate("-rotated");
+    drop(controller);
+    let controller = start(cp, &moto, &[&a], None).await;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(versions().await, before, "the restart wrote something");
+    assert_eq!(
+        auths(&secret(cp, &a, "kept").await.unwrap())[HOST],
+        "111111111111-auth-token"
+    );
+    // It runs: a refresh asked for fetches anew.
+    let api = Api::<RegistryCredential>::namespaced(cp.admin(), &a);
+    let poke =
+        serde_json::json!({"metadata": {"annotations": {"regbroker.dev/requestedAt": "r1"}}});
+    api.patch("kept", &PatchParams::default(), &Patch::Merge(&poke))
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(30), "the rotated token", || async {
+        let s = secret(cp, &a, "kept").await?;
+        (auths(&s)[HOST] == "111111111111-auth-token-rotated").then_some(())
+    })
+    .await;
+
+    // The ServiceAccount names another role while no controller runs: the restart
+    // fetches as that role rather than keep what the old one got.
+    drop(controller);
+    let role_b =
+        serde_json::json!({"metadata": {"annotations": {"eks.amazonaws.com/role-arn": ROLE_B}}});
+    Api::<ServiceAccount>::namespaced(cp.admin(), &a)
+        .patch("puller", &PatchParams::default(), &Patch::Merge(&role_b))
+        .await
+        .unwrap();
+    let _controller = start(cp, &moto, &[&a], None).await;
+    eventually(Duration::from_secs(30), "role B's token", || async {
+        let s = secret(cp, &a, "kept").await?;
+        (auths(&s)[HOST] == "222222222222-auth-token-rotated").then_some(())
+    })
+    .await;
+}

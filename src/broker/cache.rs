@@ -482,7 +482,7 @@ impl Cache {
         key: &Key,
         need: Need,
         fetch: F,
-    ) -> Result<(Credential, Outcome), Arc<Error>>
+    ) -> Result<(Arc<Entry>, Outcome), Arc<Error>>
     where
         F: FnOnce() -> BoxFuture<'static, Result<Credential, Error>>,
     {
@@ -493,13 +493,13 @@ impl Cache {
             .as_ref()
             .filter(|e| need != Need::Refetch && now < e.lifetime.refresh_at)
         {
-            return Ok((entry.credential.clone(), Outcome::Hit));
+            return Ok((entry.clone(), Outcome::Hit));
         }
         let servable = cached.filter(|e| now < e.lifetime.stale_at);
 
         if let Some(failure) = self.failures.get(key).await.filter(|f| now < f.until) {
             return match servable {
-                Some(entry) => Ok((entry.credential.clone(), Outcome::StaleServed)),
+                Some(entry) => Ok((entry, Outcome::StaleServed)),
                 None => {
                     tracing::debug!(
                         provider = key.provider,
@@ -512,7 +512,7 @@ impl Cache {
 
         if let (Some(entry), Need::Servable) = (&servable, need) {
             self.refresh_in_background(key, fetch).await;
-            return Ok((entry.credential.clone(), Outcome::RefreshAhead));
+            return Ok((entry.clone(), Outcome::RefreshAhead));
         }
 
         let refetch = need == Need::Refetch;
@@ -520,11 +520,11 @@ impl Cache {
             .join_or_start(key, fetch, servable.is_some(), refetch)
             .await
         {
-            Ok(Joined::Fresh(entry)) => return Ok((entry.credential.clone(), Outcome::Hit)),
+            Ok(Joined::Fresh(entry)) => return Ok((entry.clone(), Outcome::Hit)),
             Ok(Joined::Flight(shared, interest)) => (shared, interest),
             Err(err) => {
                 return match servable {
-                    Some(entry) => Ok((entry.credential.clone(), Outcome::StaleServed)),
+                    Some(entry) => Ok((entry, Outcome::StaleServed)),
                     None => Err(err),
                 };
             }
@@ -538,7 +538,7 @@ impl Cache {
                 } else {
                     Outcome::Miss
                 };
-                Ok((entry.credential.clone(), outcome))
+                Ok((entry, outcome))
             }
             Err(err) => match servable {
                 Some(entry) if self.clock.now() < entry.lifetime.stale_at => {
@@ -547,7 +547,7 @@ impl Cache {
                         error = %err.chain(),
                         "Refresh failed; serving the cached credential until it goes stale"
                     );
-                    Ok((entry.credential.clone(), Outcome::StaleServed))
+                    Ok((entry, Outcome::StaleServed))
                 }
                 _ => Err(err),
             },
@@ -1041,8 +1041,8 @@ mod tests {
             (Cache::new(config, Arc::new(clock.clone())), clock)
         }
 
-        fn secret(c: &Credential) -> String {
-            c.secret().expose_secret().to_string()
+        fn secret(e: &Entry) -> String {
+            e.credential.secret().expose_secret().to_string()
         }
 
         /// A cache holding key `a`'s one-hour credential `old` (one call so far), its

@@ -84,6 +84,8 @@ pub struct Served {
     pub credential: Credential,
     /// `static` or the provider name.
     pub source: &'static str,
+    /// When the cache refreshes it and stops serving it; `None` for a static entry.
+    pub lifetime: Option<cache::Lifetime>,
 }
 
 /// Why no credential was served.
@@ -327,6 +329,7 @@ impl Broker {
                     registry: registry.clone(),
                     credential,
                     source: "static",
+                    lifetime: None,
                 })
             }
             Route::NotConfigured(message) => Err(BrokerError::NotConfigured(message)),
@@ -367,14 +370,15 @@ impl Broker {
                     .boxed()
                 };
                 match self.cache.get_or_fetch(&key, need, fetch).await {
-                    Ok((credential, outcome)) => {
+                    Ok((entry, outcome)) => {
                         self.metrics.cache_lookup(outcome.as_str());
                         self.metrics.credential_served(name);
                         tracing::debug!(%registry, source = name, cache = outcome.as_str(), "Serving credential");
                         Ok(Served {
                             registry: registry.clone(),
-                            credential,
+                            credential: entry.credential.clone(),
                             source: name,
+                            lifetime: Some(entry.lifetime),
                         })
                     }
                     Err(error) => Err(BrokerError::Provider {

@@ -19,6 +19,15 @@ pub const REQUESTED_AT: &str = "regbroker.dev/requestedAt";
 /// The label on each Secret the controller keeps: the name of its `RegistryCredential`
 /// (the controller watches Secrets by this label, metadata only).
 pub const OWNER_LABEL: &str = "regbroker.dev/registrycredential";
+/// On each Secret the controller keeps, while every provider entry in it is good: when
+/// the earliest of them is due for refresh (RFC 3339).
+pub const REFRESH_AT: &str = "regbroker.dev/refresh-at";
+/// On each Secret the controller keeps, beside [`REFRESH_AT`]: a digest of whose identity
+/// fetched its provider entries (the ServiceAccount's namespace, name, UID and identity
+/// annotations, and each registry's provider). A controller that starts with an empty
+/// cache keeps such a Secret's entries until that point, instead of fetching and writing
+/// them all again, but only while the digest matches what would fetch them now.
+pub const FETCHED_AS: &str = "regbroker.dev/fetched-as";
 /// The most registries one object may list.
 pub const MAX_REGISTRIES: usize = 64;
 
@@ -148,12 +157,10 @@ impl RegistryCredential {
 
     /// Whether `regbroker.dev/requestedAt` holds a value the status has not echoed yet:
     /// a refresh asked for, so the credentials are fetched anew, not taken from the cache
-    /// before their refresh point.
-    pub fn refresh_requested(&self) -> bool {
-        let handled = self
-            .status
-            .as_ref()
-            .and_then(|s| s.last_handled_reconcile_at.as_deref());
+    /// before their refresh point. `status` is the latest known (this object's, or what
+    /// the controller wrote last if the watch has not caught up).
+    pub fn refresh_requested(&self, status: &RegistryCredentialStatus) -> bool {
+        let handled = status.last_handled_reconcile_at.as_deref();
         self.metadata
             .annotations
             .as_ref()

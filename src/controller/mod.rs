@@ -27,13 +27,13 @@
 pub mod api;
 pub mod status;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
@@ -43,7 +43,10 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource as _, ResourceExt as _};
 use regbroker_provider::{Credential, ErrorKind, Registry};
 
-use self::api::{OWNER_LABEL, REQUESTED_AT, RegistryCredential, RegistryStatus};
+use self::api::{
+    FETCHED_AS, OWNER_LABEL, REFRESH_AT, REQUESTED_AT, RegistryCredential,
+    RegistryCredentialStatus, RegistryStatus,
+};
 use self::status::{Found, StallReason};
 use crate::broker::{Broker, BrokerError, Route};
 use crate::kubernetes::lease::Leadership;
@@ -95,7 +98,24 @@ struct Context {
     guard: Option<Leadership>,
     recorder: Recorder,
     objects: Vec<Store<RegistryCredential>>,
+    /// Consecutive failures per object UID.
     failures: Mutex<HashMap<String, u32>>,
+    /// The status last written per object UID: the watch may not have delivered it yet
+    /// when the object's Secret event triggers the next reconcile.
+    written: Mutex<HashMap<String, RegistryCredentialStatus>>,
+    /// The objects looked at in this term: the first look may adopt what a Secret holds.
+    looked: Mutex<HashSet<String>>,
+}
+
+/// What a reconcile looks at.
+struct Look<'a> {
+    obj: &'a RegistryCredential,
+    ns: &'a str,
+    target: &'a str,
+    /// The latest status known.
+    previous: &'a RegistryCredentialStatus,
+    /// The first look at this object in this term (a start, a new leader).
+    first: bool,
 }
 
 /// Runs the controllers until the task is dropped: while this replica leads (always,
@@ -173,6 +193,8 @@ async fn run_term(
         recorder: Recorder::new(client.clone(), reporter),
         objects: controllers.iter().map(Controller::store).collect(),
         failures: Mutex::new(HashMap::new()),
+        written: Mutex::new(HashMap::new()),
+        looked: Mutex::new(HashSet::new()),
     });
     let runs = controllers.into_iter().zip(scopes).map(|(c, ns)| {
         // Metadata only: the Secrets' data and the ServiceAccounts' tokens are never
@@ -209,6 +231,7 @@ async fn run_term(
         loop {
             tokio::time::sleep(TOKEN_SWEEP).await;
             tokens.sweep().await;
+            ctx.forget_deleted();
         }
     };
     tokio::select! {
@@ -248,9 +271,17 @@ async fn reconcile(obj: Arc<RegistryCredential>, ctx: Arc<Context>) -> Result<Ac
     let name = obj.name_any();
     let target = obj.target_name().unwrap_or(&name).to_string();
     let requested = obj.annotations().get(REQUESTED_AT).cloned();
-    let previous = obj.status.clone().unwrap_or_default();
-    let (found, requeue) = ctx.examine(&obj, &ns, &target).await?;
     let uid = obj.uid().unwrap_or_default();
+    let previous = ctx.previous(&obj, &uid);
+    let first = lock(&ctx.looked).insert(uid.clone());
+    let look = Look {
+        obj: &obj,
+        ns: &ns,
+        target: &target,
+        previous: &previous,
+        first,
+    };
+    let (found, requeue) = ctx.examine(&look).await?;
     let failing = matches!(
         &found,
         Found::Failed { .. }
@@ -286,7 +317,9 @@ async fn reconcile(obj: Arc<RegistryCredential>, ctx: Arc<Context>) -> Result<Ac
         )
         .await
         {
-            Ok(_) => {}
+            Ok(_) => {
+                lock(&ctx.written).insert(uid, next.clone());
+            }
             Err(SyncError::Api(e)) => return Err(Error::Status(e)),
             Err(_) => return Err(Error::NotLeader),
         }
@@ -312,11 +345,49 @@ async fn reconcile(obj: Arc<RegistryCredential>, ctx: Arc<Context>) -> Result<Ac
 }
 
 /// Where each registry's credential comes from: `spec.secretRef`'s entries, else its
-/// provider with the ServiceAccount (name, UID and identity annotations).
+/// provider with the ServiceAccount (name, UID and identity annotations); and the
+/// Secret's metadata as [`Context::examine`] found it.
 struct Sources<'a> {
     statics: BTreeMap<Registry, Credential>,
     providers: BTreeMap<Registry, Arc<dyn regbroker_provider::Provider>>,
     account: Option<(&'a str, tokens::Account)>,
+    current: Option<ObjectMeta>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The [`FETCHED_AS`] digest: whose identity fetches the provider entries of an object in
+/// `ns`. Nothing in it is secret (no token); any change in it is a change of identity.
+fn fetched_as(
+    ns: &str,
+    sa: &str,
+    (uid, annotations): &tokens::Account,
+    providers: &BTreeMap<Registry, Arc<dyn regbroker_provider::Provider>>,
+) -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    let mut field = |s: &str| {
+        h.update(s.len().to_le_bytes());
+        h.update(s.as_bytes());
+    };
+    field("regbroker.dev/fetched-as/v1");
+    field(ns);
+    field(sa);
+    field(uid);
+    for (k, v) in annotations {
+        field(k);
+        field(v);
+    }
+    for (registry, provider) in providers {
+        field(registry.as_str());
+        field(provider.name());
+    }
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A stall with its recheck delay.
@@ -340,20 +411,10 @@ impl Context {
     /// The delay after this object's consecutive failures (5 s doubling to 60 s), or
     /// `None` when it did not fail (the count is reset).
     fn backoff(&self, uid: &str, failing: bool) -> Option<Duration> {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failures = lock(&self.failures);
         if !failing {
             failures.remove(uid);
             return None;
-        }
-        if failures.len() > 4096 {
-            // Objects deleted while failing: forget them.
-            let live: Vec<String> = self
-                .objects
-                .iter()
-                .flat_map(|s| s.state())
-                .filter_map(|o| o.uid())
-                .collect();
-            failures.retain(|k, _| live.contains(k));
         }
         let n = failures.entry(uid.to_string()).or_insert(0);
         *n = n.saturating_add(1);
@@ -362,6 +423,30 @@ impl Context {
                 .saturating_mul(1 << (*n - 1).min(16))
                 .min(MAX_SLEEP),
         )
+    }
+
+    /// The latest status known for `obj`: its own, unless this term wrote a newer one the
+    /// watch has not delivered yet.
+    fn previous(&self, obj: &RegistryCredential, uid: &str) -> RegistryCredentialStatus {
+        let own = obj.status.clone().unwrap_or_default();
+        match lock(&self.written).get(uid) {
+            Some(w) if *w != own => w.clone(),
+            _ => own,
+        }
+    }
+
+    /// Forgets what is kept per object for objects that no longer exist (deleted objects
+    /// are not reconciled again).
+    fn forget_deleted(&self) {
+        let live: HashSet<String> = self
+            .objects
+            .iter()
+            .flat_map(|s| s.state())
+            .filter_map(|o| o.uid())
+            .collect();
+        lock(&self.failures).retain(|k, _| live.contains(k));
+        lock(&self.written).retain(|k, _| live.contains(k));
+        lock(&self.looked).retain(|k| live.contains(k));
     }
 
     /// The object that keeps `target` in `ns` first (created earliest, then by name), if
@@ -383,13 +468,11 @@ impl Context {
 
     /// Looks at `obj` and brings its Secret up to date: what was found, and when to look
     /// again.
-    async fn examine(
-        &self,
-        obj: &RegistryCredential,
-        ns: &str,
-        target: &str,
-    ) -> Result<(Found, Duration), Error> {
+    async fn examine(&self, look: &Look<'_>) -> Result<(Found, Duration), Error> {
         use StallReason::*;
+        let Look {
+            obj, ns, target, ..
+        } = *look;
         if self
             .config
             .reserved
@@ -414,7 +497,7 @@ impl Context {
         // A Secret of that name that this object does not own is never written: found
         // out before anything is fetched for it.
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), ns);
-        match secrets.get_metadata_opt(target).await {
+        let current = match secrets.get_metadata_opt(target).await {
             Ok(Some(existing))
                 if !(secret::is_ours(&existing.metadata)
                     && secret::controlled_by(
@@ -429,7 +512,7 @@ impl Context {
                     ),
                 ));
             }
-            Ok(_) => {}
+            Ok(existing) => existing.map(|e| e.metadata),
             Err(e) => {
                 return Ok((
                     Found::Failed {
@@ -439,7 +522,7 @@ impl Context {
                     MIN_SLEEP,
                 ));
             }
-        }
+        };
         let mut registries: Vec<Registry> = Vec::new();
         for (i, r) in obj.spec.registries.iter().enumerate() {
             match Registry::parse(r) {
@@ -454,11 +537,12 @@ impl Context {
             }
         }
         if obj.spec.suspend {
-            let previous = obj.status.clone().unwrap_or_default();
             let now = status::time(self.broker.now());
-            let until = previous
+            let until = look
+                .previous
                 .expires_at
-                .filter(|e| e > &now)
+                .as_ref()
+                .filter(|e| **e > now)
                 .map_or(MAX_REQUEUE, |e| {
                     Duration::from_secs(
                         u64::try_from(e.0.as_second() - now.0.as_second()).unwrap_or(0),
@@ -543,8 +627,9 @@ impl Context {
             statics,
             providers,
             account,
+            current,
         };
-        self.sync(obj, ns, target, &registries, sources).await
+        self.sync(look, &registries, sources).await
     }
 
     /// The entries of the dockerconfigjson Secret `ns/name` (`spec.secretRef`).
@@ -619,32 +704,132 @@ impl Context {
         }
     }
 
-    /// Fetches every registry and writes the Secret.
+    /// Fetches every registry and writes the Secret; on the first look in a term, keeps
+    /// what the Secret holds instead while it may ([`Context::adoptable`]).
     async fn sync(
         &self,
-        obj: &RegistryCredential,
-        ns: &str,
-        target: &str,
+        look: &Look<'_>,
         registries: &[Registry],
         sources: Sources<'_>,
     ) -> Result<(Found, Duration), Error> {
+        let digest = sources
+            .account
+            .as_ref()
+            .filter(|_| !sources.providers.is_empty())
+            .map(|(sa, account)| fetched_as(look.ns, sa, account, &sources.providers));
+        if let Some(adopted) = self.adoptable(look, &sources, digest.as_deref()) {
+            let done = self
+                .sync_once(
+                    look,
+                    registries,
+                    &sources,
+                    digest.as_deref(),
+                    Some(&adopted),
+                )
+                .await?;
+            if let Some(done) = done {
+                return Ok(done);
+            }
+            // The Secret lost an entry since: fetch.
+        }
+        let done = self
+            .sync_once(look, registries, &sources, digest.as_deref(), None)
+            .await?;
+        Ok(done.unwrap_or_else(|| {
+            (
+                Found::Failed {
+                    reason: "SecretChanged".into(),
+                    message: format!("Secret {} changed while it was written", look.target),
+                },
+                MIN_SLEEP,
+            )
+        }))
+    }
+
+    /// On the first look at an object in this term, with an empty cache, whether its
+    /// Secret's provider entries may be kept as they are rather than fetched and written
+    /// again (a restart or a new leader would otherwise rewrite every Secret): only when
+    /// no refresh was asked for, the status describes the current spec with a good entry
+    /// for each such registry, and the Secret says it was fetched as the identity that
+    /// would fetch it now ([`FETCHED_AS`]) with a refresh point still ahead
+    /// ([`REFRESH_AT`]). Returns that refresh point, for the requeue.
+    fn adoptable(
+        &self,
+        look: &Look<'_>,
+        sources: &Sources<'_>,
+        digest: Option<&str>,
+    ) -> Option<std::time::SystemTime> {
+        let (obj, previous) = (look.obj, look.previous);
+        if !look.first
+            || obj.refresh_requested(previous)
+            || previous.observed_generation != obj.metadata.generation
+        {
+            return None;
+        }
+        let annotations = sources.current.as_ref()?.annotations.as_ref()?;
+        if annotations.get(FETCHED_AS).map(String::as_str) != Some(digest?) {
+            return None;
+        }
+        let refresh_at: k8s_openapi::jiff::Timestamp = annotations.get(REFRESH_AT)?.parse().ok()?;
+        let refresh_at = std::time::SystemTime::from(refresh_at);
+        let good = sources.providers.keys().all(|r| {
+            previous.registries.iter().any(|p| {
+                p.name == r.as_str() && p.reason == status::SUCCEEDED && p.expires_at.is_some()
+            })
+        });
+        (good && refresh_at > self.broker.now()).then_some(refresh_at)
+    }
+
+    /// One pass over the registries: provider entries fetched, or with `adopted` (their
+    /// refresh point), kept from the Secret. `None` if an adopted entry was no longer
+    /// there.
+    async fn sync_once(
+        &self,
+        look: &Look<'_>,
+        registries: &[Registry],
+        sources: &Sources<'_>,
+        digest: Option<&str>,
+        adopted: Option<&std::time::SystemTime>,
+    ) -> Result<Option<(Found, Duration)>, Error> {
+        let Look {
+            obj,
+            ns,
+            target,
+            previous,
+            ..
+        } = *look;
         let Sources {
             statics,
             providers,
             account,
+            current,
         } = sources;
         use StallReason::*;
         let now = self.broker.now();
-        let refetch = obj.refresh_requested();
+        let refetch = obj.refresh_requested(previous);
         let mut held: BTreeMap<Registry, Held> = BTreeMap::new();
         let mut states: Vec<RegistryStatus> = Vec::with_capacity(registries.len());
         let mut failed: Vec<(Registry, String, String)> = Vec::new();
-        let mut next = MAX_REQUEUE;
+        let mut kept: Vec<Registry> = Vec::new();
+        let mut next = adopted.map_or(MAX_REQUEUE, |at| {
+            at.duration_since(now).unwrap_or(Duration::ZERO)
+        });
         for (i, registry) in registries.iter().enumerate() {
+            if adopted.is_some() && providers.contains_key(registry) {
+                if let Some(p) = previous
+                    .registries
+                    .iter()
+                    .find(|p| p.name == registry.as_str())
+                {
+                    states.push(p.clone());
+                    kept.push(registry.clone());
+                }
+                continue;
+            }
             let got = if let Some(c) = statics.get(registry) {
-                Ok((c.clone(), "secretRef"))
+                Ok((c.clone(), "secretRef", None))
             } else {
-                let (Some((sa, account)), Some(provider)) = (&account, providers.get(registry))
+                let (Some((sa, account)), Some(provider)) = (account, providers.get(registry))
                 else {
                     continue; // unreachable: every other registry has a provider and an identity
                 };
@@ -652,40 +837,41 @@ impl Context {
                     .await
                 {
                     Err(WorkloadError::Annotations(e)) => {
-                        return Ok(stalled(
+                        return Ok(Some(stalled(
                             IdentityNotConfigured,
                             format!("spec.serviceAccountName: {e}"),
-                        ));
+                        )));
                     }
                     Err(WorkloadError::Token(e)) => {
                         Err(("TokenRequestFailed".to_string(), e.to_string()))
                     }
                     Ok(workload) => match self.credential(registry, &workload, refetch).await {
-                        Ok(served) => Ok((served.credential, served.source)),
+                        Ok(served) => Ok((served.credential, served.source, served.lifetime)),
                         Err(e)
                             if matches!(
                                 e.kind(),
                                 ErrorKind::IdentityMissing | ErrorKind::InvalidConfig
                             ) =>
                         {
-                            return Ok(stalled(
+                            return Ok(Some(stalled(
                                 IdentityNotConfigured,
                                 format!("spec.serviceAccountName {sa}: {}", e.detail(false)),
-                            ));
+                            )));
                         }
                         Err(e @ BrokerError::NotConfigured(_)) => {
-                            return Ok(stalled(
+                            return Ok(Some(stalled(
                                 RegistryNotServed,
                                 format!("spec.registries[{i}] {registry}: {}", e.detail(false)),
-                            ));
+                            )));
                         }
                         Err(e) => Err((camel(e.kind().code()), e.detail(false))),
                     },
                 }
             };
             match got {
-                Ok((credential, source)) => {
-                    let (h, refresh_at) = crate::sinks::hold(&self.broker, &credential, now);
+                Ok((credential, source, lifetime)) => {
+                    let (h, refresh_at) =
+                        crate::sinks::hold(&self.broker, &credential, lifetime, now);
                     if let Some(at) = refresh_at {
                         next = next.min(at.duration_since(now).unwrap_or(Duration::ZERO));
                     }
@@ -709,10 +895,34 @@ impl Context {
             }
         }
         let contents = crate::sinks::render(&held);
-        let missing: Vec<Registry> = failed.iter().map(|(r, _, _)| r.clone()).collect();
+        let missing: Vec<Registry> = failed
+            .iter()
+            .map(|(r, _, _)| r.clone())
+            .chain(kept.iter().cloned())
+            .collect();
+        // Adopted: the Secret's annotations stay as they are. Fetched: they record this
+        // pass, unless a fetch failed (then nothing may be adopted from it).
+        let annotation = |key: &str| {
+            current
+                .as_ref()
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get(key))
+                .cloned()
+        };
+        let (refresh_at, fetched) = match (adopted, digest) {
+            (Some(_), _) => (annotation(REFRESH_AT), annotation(FETCHED_AS)),
+            (None, Some(d)) if failed.is_empty() && next < MAX_REQUEUE => {
+                (Some(crate::rfc3339(now + next)), Some(d.to_string()))
+            }
+            (None, _) => (None, None),
+        };
         let owner = Owner {
             reference: owner_reference(obj),
             labels: BTreeMap::from([(OWNER_LABEL.to_string(), obj.name_any())]),
+            annotations: BTreeMap::from([
+                (REFRESH_AT.to_string(), refresh_at),
+                (FETCHED_AS.to_string(), fetched),
+            ]),
         };
         let secret_ref = SecretRef {
             namespace: ns.to_string(),
@@ -731,26 +941,28 @@ impl Context {
             Ok(w) => w,
             Err(SyncError::NotLeader) => return Err(Error::NotLeader),
             Err(e @ (SyncError::Foreign | SyncError::WrongType(_))) => {
-                return Ok(stalled(
+                return Ok(Some(stalled(
                     SecretConflict,
                     format!(
                         "Secret {target}: {e}; it is not kept by this RegistryCredential (regbroker's label and a controller ownerReference to it): delete it or set spec.target.name to another name"
                     ),
-                ));
+                )));
             }
             Err(e) => {
-                return Ok((
+                return Ok(Some((
                     Found::Failed {
                         reason: "SecretWriteFailed".into(),
                         message: format!("Secret {target}: {e}"),
                     },
                     MIN_SLEEP,
-                ));
+                )));
             }
         };
+        if kept.iter().any(|r| !written.kept.contains(r)) {
+            return Ok(None);
+        }
         // A registry whose fetch failed keeps the entry the Secret held, valid until the
         // expiry the previous status recorded for it.
-        let previous = obj.status.clone().unwrap_or_default();
         for state in &mut states {
             let kept = written.kept.iter().any(|r| r.as_str() == state.name);
             if let Some(before) = previous
@@ -775,14 +987,14 @@ impl Context {
             written.outcome,
             secret::Outcome::Created | secret::Outcome::Updated
         );
-        Ok((
+        Ok(Some((
             Found::Synced {
                 registries: states,
                 written,
                 retrying,
             },
             next,
-        ))
+        )))
     }
 }
 
@@ -808,23 +1020,27 @@ mod tests {
             suspend: false,
         };
         let mut obj = RegistryCredential::new("pull", spec);
-        assert!(!obj.refresh_requested(), "no annotation");
+        let none = api::RegistryCredentialStatus::default();
+        assert!(!obj.refresh_requested(&none), "no annotation");
         obj.metadata.annotations = Some(BTreeMap::from([(
             REQUESTED_AT.to_string(),
             "now-1".to_string(),
         )]));
-        assert!(obj.refresh_requested(), "never handled");
-        obj.status = Some(api::RegistryCredentialStatus {
+        assert!(obj.refresh_requested(&none), "never handled");
+        let handled = api::RegistryCredentialStatus {
             last_handled_reconcile_at: Some("now-1".into()),
             ..Default::default()
-        });
-        assert!(!obj.refresh_requested(), "handled: the cache serves again");
+        };
+        assert!(
+            !obj.refresh_requested(&handled),
+            "handled: the cache serves again"
+        );
         obj.metadata
             .annotations
             .as_mut()
             .unwrap()
             .insert(REQUESTED_AT.to_string(), "now-2".to_string());
-        assert!(obj.refresh_requested(), "a new value");
+        assert!(obj.refresh_requested(&handled), "a new value");
     }
 
     #[test]

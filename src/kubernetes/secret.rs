@@ -214,6 +214,29 @@ pub(crate) struct Owner {
     pub(crate) reference: OwnerReference,
     /// Labels besides [`MANAGED_BY_LABEL`].
     pub(crate) labels: BTreeMap<String, String>,
+    /// Annotations the owner keeps on the Secret: set when `Some`, removed when `None`.
+    /// A difference is a change, written even when the data is the same.
+    pub(crate) annotations: BTreeMap<String, Option<String>>,
+}
+
+impl Owner {
+    /// Whether `meta` carries the owner's annotations as they should be.
+    fn annotated(&self, meta: &ObjectMeta) -> bool {
+        self.annotations
+            .iter()
+            .all(|(k, v)| meta.annotations.as_ref().and_then(|a| a.get(k)) == v.as_ref())
+    }
+
+    /// Sets and removes the owner's annotations on `meta`.
+    fn annotate(&self, meta: &mut ObjectMeta) {
+        let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+        for (k, v) in &self.annotations {
+            match v {
+                Some(v) => annotations.insert(k.clone(), v.clone()),
+                None => annotations.remove(k),
+            };
+        }
+    }
 }
 
 /// Whether `meta` names `uid` as its controller.
@@ -265,6 +288,9 @@ pub(crate) async fn upsert(
                     data: Some(data(contents.as_bytes())),
                     ..Secret::default()
                 };
+                if let Some(o) = owner {
+                    o.annotate(&mut new.metadata);
+                }
                 sign(&mut new.metadata, guard);
                 may_write(guard)?;
                 match guarded(guard, api.create(&PostParams::default(), &new)).await {
@@ -297,7 +323,8 @@ pub(crate) async fn upsert(
                     .as_bytes();
                 let same = current.is_some_and(|c| c.0 == contents)
                     && existing.data.as_ref().is_some_and(|d| d.len() == 1)
-                    && existing.string_data.is_none();
+                    && existing.string_data.is_none()
+                    && owner.is_none_or(|o| o.annotated(&existing.metadata));
                 if same {
                     return written(Outcome::Unchanged, kept);
                 }
@@ -305,6 +332,9 @@ pub(crate) async fn upsert(
                 // conflicts instead of being overwritten).
                 existing.data = Some(data(contents));
                 existing.string_data = None;
+                if let Some(o) = owner {
+                    o.annotate(&mut existing.metadata);
+                }
                 sign(&mut existing.metadata, guard);
                 may_write(guard)?;
                 let params = PostParams::default();
@@ -367,6 +397,47 @@ mod tests {
         assert!(!is_ours(&meta(&[(MANAGED_BY_LABEL, "helm")])));
         assert!(!is_ours(&meta(&[("app", MANAGED_BY)])));
         assert!(!is_ours(&meta(&[])));
+    }
+
+    #[test]
+    fn an_owner_sets_and_removes_its_annotations_and_leaves_others_alone() {
+        let owner = Owner {
+            reference: OwnerReference::default(),
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::from([
+                ("set".to_string(), Some("1".to_string())),
+                ("gone".to_string(), None),
+            ]),
+        };
+        let mut meta = ObjectMeta {
+            annotations: Some(BTreeMap::from([
+                ("gone".to_string(), "x".to_string()),
+                ("theirs".to_string(), "y".to_string()),
+            ])),
+            ..ObjectMeta::default()
+        };
+        assert!(!owner.annotated(&meta), "one to set, one to remove");
+        owner.annotate(&mut meta);
+        assert!(owner.annotated(&meta));
+        let a = meta.annotations.as_ref().unwrap();
+        assert_eq!(a.get("set").map(String::as_str), Some("1"));
+        assert!(!a.contains_key("gone"));
+        assert_eq!(a.get("theirs").map(String::as_str), Some("y"));
+        meta.annotations
+            .as_mut()
+            .unwrap()
+            .insert("set".into(), "2".into());
+        assert!(!owner.annotated(&meta), "a changed value");
+        meta.annotations.as_mut().unwrap().remove("set");
+        assert!(!owner.annotated(&meta), "a missing one");
+        assert!(
+            Owner {
+                annotations: BTreeMap::from([("gone".to_string(), None)]),
+                ..owner
+            }
+            .annotated(&ObjectMeta::default()),
+            "nothing to remove from a Secret without annotations"
+        );
     }
 
     #[test]

@@ -99,7 +99,7 @@ pub(crate) async fn pass(
         ));
         match result {
             Ok(served) => {
-                let (h, refresh_at) = hold(broker, &served.credential, now);
+                let (h, refresh_at) = hold(broker, &served.credential, served.lifetime, now);
                 if let Some(at) = refresh_at {
                     next = next.min(at.duration_since(now).unwrap_or(Duration::ZERO));
                 }
@@ -127,10 +127,12 @@ pub(crate) async fn pass(
 }
 
 /// `credential` as a docker config entry, and when it should be fetched anew (its refresh
-/// point, `None` if it does not expire), for a credential got at `now`.
+/// point, `None` if it does not expire): the cache's `lifetime` for it, else (an entry
+/// of a docker config) as if got at `now`.
 pub(crate) fn hold(
     broker: &Broker,
     credential: &regbroker_provider::Credential,
+    lifetime: Option<cache::Lifetime>,
     now: SystemTime,
 ) -> (Held, Option<SystemTime>) {
     let pair = Zeroizing::new(format!(
@@ -139,9 +141,11 @@ pub(crate) fn hold(
         credential.secret().expose_secret()
     ));
     let auth = Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(pair.as_bytes()));
-    let plan = credential
-        .expires_at()
-        .map(|e| cache::plan(broker.cache().config(), now, Some(e)));
+    let plan = lifetime.or_else(|| {
+        credential
+            .expires_at()
+            .map(|e| cache::plan(broker.cache().config(), now, Some(e)))
+    });
     let held = Held {
         auth,
         stale_at: plan.as_ref().map(|p| p.stale_at),
