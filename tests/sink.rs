@@ -202,9 +202,10 @@ async fn first_pass_over_a_100_s_credential(cache: &str) -> (Duration, usize) {
 #[tokio::test]
 async fn the_next_pass_is_due_at_the_earliest_refresh_point_not_the_stale_point() {
     // 100 s of life: usable 70 s (30 s margin), refresh at 0.8 of that, 56 s; both
-    // inside the [5 s, 60 s] clamp, so the clamp cannot hide which one was used.
+    // inside the [5 s, 60 s] clamp, so the clamp cannot hide which one was used. The
+    // pass follows the cache's own refresh point, so its jitter is off here.
     assert_eq!(
-        first_pass_over_a_100_s_credential("").await,
+        first_pass_over_a_100_s_credential("[cache]\nrefresh_jitter = 0.0\n").await,
         (Duration::from_secs(56), 1)
     );
 }
@@ -213,7 +214,10 @@ async fn the_next_pass_is_due_at_the_earliest_refresh_point_not_the_stale_point(
 async fn the_next_pass_follows_the_configured_refresh_fraction() {
     // 70 s usable: refresh at half of that, 35 s (the default is 56 s).
     assert_eq!(
-        first_pass_over_a_100_s_credential("[cache]\nrefresh_fraction = 0.5\n").await,
+        first_pass_over_a_100_s_credential(
+            "[cache]\nrefresh_fraction = 0.5\nrefresh_jitter = 0.0\n"
+        )
+        .await,
         (Duration::from_secs(35), 1)
     );
 }

@@ -105,11 +105,15 @@ struct Context {
     written: Mutex<HashMap<String, RegistryCredentialStatus>>,
     /// The objects looked at in this term: the first look may adopt what a Secret holds.
     looked: Mutex<HashSet<String>>,
+    /// Per object UID whose Secret's entries were adopted, that Secret's resourceVersion:
+    /// later looks adopt them again while nobody wrote the Secret since.
+    adopted: Mutex<HashMap<String, String>>,
 }
 
 /// What a reconcile looks at.
 struct Look<'a> {
     obj: &'a RegistryCredential,
+    uid: &'a str,
     ns: &'a str,
     target: &'a str,
     /// The latest status known.
@@ -195,6 +199,7 @@ async fn run_term(
         failures: Mutex::new(HashMap::new()),
         written: Mutex::new(HashMap::new()),
         looked: Mutex::new(HashSet::new()),
+        adopted: Mutex::new(HashMap::new()),
     });
     let runs = controllers.into_iter().zip(scopes).map(|(c, ns)| {
         // Metadata only: the Secrets' data and the ServiceAccounts' tokens are never
@@ -276,6 +281,7 @@ async fn reconcile(obj: Arc<RegistryCredential>, ctx: Arc<Context>) -> Result<Ac
     let first = lock(&ctx.looked).insert(uid.clone());
     let look = Look {
         obj: &obj,
+        uid: &uid,
         ns: &ns,
         target: &target,
         previous: &previous,
@@ -447,6 +453,7 @@ impl Context {
         lock(&self.failures).retain(|k, _| live.contains(k));
         lock(&self.written).retain(|k, _| live.contains(k));
         lock(&self.looked).retain(|k| live.contains(k));
+        lock(&self.adopted).retain(|k, _| live.contains(k));
     }
 
     /// The object that keeps `target` in `ns` first (created earliest, then by name), if
@@ -752,7 +759,9 @@ impl Context {
     /// no refresh was asked for, the status describes the current spec with a good entry
     /// for each such registry, and the Secret says it was fetched as the identity that
     /// would fetch it now ([`FETCHED_AS`]) with a refresh point still ahead
-    /// ([`REFRESH_AT`]). Returns that refresh point, for the requeue.
+    /// ([`REFRESH_AT`]). Later looks (the watches' first events follow the first look)
+    /// adopt them again while nobody wrote the Secret since; a Secret edited or deleted
+    /// is fetched for and restored. Returns that refresh point, for the requeue.
     fn adoptable(
         &self,
         look: &Look<'_>,
@@ -760,13 +769,16 @@ impl Context {
         digest: Option<&str>,
     ) -> Option<std::time::SystemTime> {
         let (obj, previous) = (look.obj, look.previous);
-        if !look.first
+        let current = sources.current.as_ref()?;
+        let untouched = current.resource_version.is_some()
+            && lock(&self.adopted).get(look.uid) == current.resource_version.as_ref();
+        if !(look.first || untouched)
             || obj.refresh_requested(previous)
             || previous.observed_generation != obj.metadata.generation
         {
             return None;
         }
-        let annotations = sources.current.as_ref()?.annotations.as_ref()?;
+        let annotations = current.annotations.as_ref()?;
         if annotations.get(FETCHED_AS).map(String::as_str) != Some(digest?) {
             return None;
         }
@@ -959,7 +971,17 @@ impl Context {
             }
         };
         if kept.iter().any(|r| !written.kept.contains(r)) {
+            lock(&self.adopted).remove(look.uid);
             return Ok(None);
+        }
+        let version = current.as_ref().and_then(|m| m.resource_version.clone());
+        match version {
+            Some(v) if adopted.is_some() && written.outcome == secret::Outcome::Unchanged => {
+                lock(&self.adopted).insert(look.uid.to_string(), v);
+            }
+            _ => {
+                lock(&self.adopted).remove(look.uid);
+            }
         }
         // A registry whose fetch failed keeps the entry the Secret held, valid until the
         // expiry the previous status recorded for it.
