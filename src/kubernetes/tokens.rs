@@ -100,10 +100,13 @@ pub struct Tokens {
     budget: regbroker_provider::Budget<()>,
 }
 
-/// TokenRequests per second (and burst) the Secret sync may make.
+/// TokenRequests per second (and burst) the Secret sync and the controller may make:
+/// ECR's per-caller budget (20/s), so a start with a thousand tenants' objects is bound
+/// by the cloud's budget rather than by this one (BENCHMARKS.md section 8), while the API
+/// server never sees more than kube-controller-manager's own default rate.
 const TOKEN_REQUEST_RATE: regbroker_provider::Rate = regbroker_provider::Rate {
-    per_second: 10.0,
-    burst: 20,
+    per_second: 20.0,
+    burst: 40,
 };
 
 impl fmt::Debug for Tokens {
