@@ -360,6 +360,34 @@ struct Sources<'a> {
     current: Option<ObjectMeta>,
 }
 
+/// The delay after one more failure of object `uid` in a row (5 s doubling to 60 s), or
+/// `None` when it did not fail (its count is reset).
+fn backoff(failures: &mut HashMap<String, u32>, uid: &str, failing: bool) -> Option<Duration> {
+    if !failing {
+        failures.remove(uid);
+        return None;
+    }
+    let n = failures.entry(uid.to_string()).or_insert(0);
+    *n = n.saturating_add(1);
+    Some(
+        MIN_SLEEP
+            .saturating_mul(1 << (*n - 1).min(16))
+            .min(MAX_SLEEP),
+    )
+}
+
+/// The latest status known for object `uid`: what this term wrote last, else the object's
+/// `own`. Only the leader writes the status, and the watch may not have delivered its
+/// last write yet when a Secret event triggers the next reconcile: from the object's own,
+/// that reconcile would apply the same status again, or handle a `requestedAt` twice.
+fn latest(
+    written: &HashMap<String, RegistryCredentialStatus>,
+    uid: &str,
+    own: Option<&RegistryCredentialStatus>,
+) -> RegistryCredentialStatus {
+    written.get(uid).or(own).cloned().unwrap_or_default()
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -414,31 +442,14 @@ fn camel(code: &str) -> String {
 }
 
 impl Context {
-    /// The delay after this object's consecutive failures (5 s doubling to 60 s), or
-    /// `None` when it did not fail (the count is reset).
+    /// See [`backoff`].
     fn backoff(&self, uid: &str, failing: bool) -> Option<Duration> {
-        let mut failures = lock(&self.failures);
-        if !failing {
-            failures.remove(uid);
-            return None;
-        }
-        let n = failures.entry(uid.to_string()).or_insert(0);
-        *n = n.saturating_add(1);
-        Some(
-            MIN_SLEEP
-                .saturating_mul(1 << (*n - 1).min(16))
-                .min(MAX_SLEEP),
-        )
+        backoff(&mut lock(&self.failures), uid, failing)
     }
 
-    /// The latest status known for `obj`: its own, unless this term wrote a newer one the
-    /// watch has not delivered yet.
+    /// See [`latest`].
     fn previous(&self, obj: &RegistryCredential, uid: &str) -> RegistryCredentialStatus {
-        let own = obj.status.clone().unwrap_or_default();
-        match lock(&self.written).get(uid) {
-            Some(w) if *w != own => w.clone(),
-            _ => own,
-        }
+        latest(&lock(&self.written), uid, obj.status.as_ref())
     }
 
     /// Forgets what is kept per object for objects that no longer exist (deleted objects
@@ -1063,6 +1074,44 @@ mod tests {
             .unwrap()
             .insert(REQUESTED_AT.to_string(), "now-2".to_string());
         assert!(obj.refresh_requested(&handled), "a new value");
+    }
+
+    #[test]
+    fn failures_in_a_row_back_off_from_5_s_doubling_to_60_s_and_a_success_resets() {
+        let mut failures = HashMap::new();
+        let secs = |d: Option<Duration>| d.map(|d| d.as_secs());
+        let waits: Vec<_> = (0..6)
+            .map(|_| secs(backoff(&mut failures, "a", true)))
+            .collect();
+        assert_eq!(
+            waits,
+            [Some(5), Some(10), Some(20), Some(40), Some(60), Some(60)]
+        );
+        assert_eq!(
+            secs(backoff(&mut failures, "b", true)),
+            Some(5),
+            "per object"
+        );
+        assert_eq!(backoff(&mut failures, "a", false), None);
+        assert!(!failures.contains_key("a"), "a success forgets the count");
+        assert_eq!(secs(backoff(&mut failures, "a", true)), Some(5));
+    }
+
+    #[test]
+    fn the_status_last_written_wins_over_an_older_copy_from_the_watch() {
+        let status = |handled: &str| api::RegistryCredentialStatus {
+            last_handled_reconcile_at: Some(handled.into()),
+            ..Default::default()
+        };
+        let written = HashMap::from([("a".to_string(), status("written"))]);
+        let own = status("watched");
+        assert_eq!(latest(&written, "a", Some(&own)), status("written"));
+        assert_eq!(latest(&written, "a", None), status("written"));
+        assert_eq!(latest(&written, "b", Some(&own)), own, "nothing written");
+        assert_eq!(
+            latest(&written, "b", None),
+            api::RegistryCredentialStatus::default()
+        );
     }
 
     #[test]
