@@ -830,10 +830,25 @@ async fn a_restart_keeps_what_secrets_hold_unless_the_identity_changed() {
         .patch("puller", &PatchParams::default(), &Patch::Merge(&role_b))
         .await
         .unwrap();
-    let _controller = start(cp, &moto, &[&a], None).await;
+    let controller = start(cp, &moto, &[&a], None).await;
     eventually(Duration::from_secs(30), "role B's token", || async {
         let s = secret(cp, &a, "kept").await?;
         (auths(&s)[HOST] == "222222222222-auth-token-rotated").then_some(())
+    })
+    .await;
+
+    // A Secret whose refresh point passed while no controller ran is fetched anew.
+    drop(controller);
+    let past = serde_json::json!({"metadata": {"annotations": {"regbroker.dev/refresh-at": "2026-01-01T00:00:00Z"}}});
+    Api::<Secret>::namespaced(cp.admin(), &a)
+        .patch("kept", &PatchParams::default(), &Patch::Merge(&past))
+        .await
+        .unwrap();
+    moto.rotate("-third");
+    let _controller = start(cp, &moto, &[&a], None).await;
+    eventually(Duration::from_secs(30), "the third token", || async {
+        let s = secret(cp, &a, "kept").await?;
+        (auths(&s)[HOST] == "222222222222-auth-token-third").then_some(())
     })
     .await;
 }
