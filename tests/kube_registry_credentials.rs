@@ -796,6 +796,14 @@ async fn a_restart_keeps_what_secrets_hold_unless_the_identity_changed() {
         auths(&secret(cp, &a, "kept").await.unwrap())[HOST],
         "111111111111-auth-token"
     );
+    // A later look (the ServiceAccount changed, not its identity) keeps the Secret too.
+    let poke = serde_json::json!({"metadata": {"annotations": {"test/poke": "1"}}});
+    Api::<ServiceAccount>::namespaced(cp.admin(), &a)
+        .patch("puller", &PatchParams::default(), &Patch::Merge(&poke))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(versions().await, before, "a later look wrote something");
     // A Secret edited after the restart is not adopted again: it is fetched for and
     // restored, with what moto issues now.
     // Byte for byte as regbroker writes it, but for the password.
