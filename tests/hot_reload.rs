@@ -186,3 +186,33 @@ async fn a_reload_is_never_seen_half_done_and_never_drops_a_request() {
         "pw-v100"
     );
 }
+
+#[tokio::test]
+async fn one_change_reloads_once_and_reading_the_file_does_not_reload_it_again() {
+    // Reading the file (as each reload does) is an access event on the watched
+    // directory; taken for a change, one edit started a reload every debounce period
+    // forever.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, docker_config(&[("r.example.com", "u", "p1")])).unwrap();
+    let srv = TestServer::builder().docker_config(&path).start().await;
+    let _watcher = regbroker::broker::static_secret::watch(srv.statics.clone()).unwrap();
+    let reloads = async || {
+        srv.get("/metrics")
+            .await
+            .1
+            .lines()
+            .find_map(|l| l.strip_prefix(r#"regbroker_static_reloads_total{result="ok"} "#))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    std::fs::write(&path, docker_config(&[("r.example.com", "u", "p2")])).unwrap();
+    assert!(wait_for(async || srv.credentials("r.example.com").await.1["password"] == "p2").await);
+    // Twenty debounce periods: a loop would reload about twenty more times.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let n = reloads().await;
+    assert!((1..=2).contains(&n), "{n} reloads after one change");
+    // Reading the file from outside is not a change either.
+    let _ = std::fs::read(&path).unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(reloads().await, n);
+}

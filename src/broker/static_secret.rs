@@ -384,13 +384,25 @@ impl Drop for Watcher {
 /// How long to wait for a burst of file events to settle before reloading.
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
+/// Whether a file event may have changed what a source holds. Opening, reading and
+/// closing a file unwritten do not: each reload reads the sources, so taking them for
+/// changes made one edit reload every debounce period forever.
+pub(crate) fn may_change(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
+    }
+}
+
 /// Starts watching the directories that hold `store`'s sources.
 pub fn watch(store: Arc<Store>) -> Result<Watcher, notify::Error> {
     use notify::Watcher as _;
 
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        if event.is_ok_and(|e| may_change(&e.kind)) {
             // A full channel already holds a pending reload: nothing is lost.
             let _ = tx.try_send(());
         }

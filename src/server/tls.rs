@@ -137,7 +137,7 @@ pub fn watch(tls: Arc<Tls>) -> Result<Watcher, String> {
     let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
         // inotify also reports opens and reads (ours included, at every reload): only a
         // change counts, or each reload would schedule the next.
-        if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
+        if event.is_ok_and(|e| crate::broker::static_secret::may_change(&e.kind)) {
             let _ = tx.try_send(());
         }
     })
