@@ -3,6 +3,7 @@
 # section 7), or finds them in the cache, and prints one NAME=PATH line per peer on stdout:
 #   kube-apiserver=...  kube-controller-manager=...  kubectl=...  etcd=...
 #   source-controller=...  source-controller-crds=DIR  helm=...  actionlint=...
+#   prometheus=...  promtool=...  prometheus-operator-crds=DIR
 # Everything else (progress, build times, errors) goes to stderr.
 #
 # Usage: scripts/peers.sh [--only NAME[,NAME...]] [--print-versions] [--help]
@@ -28,6 +29,12 @@
 #     --bind-address=127.0.0.1 --secure-port=P4 --tls-cert-file=C --tls-private-key-file=CK
 #   (K: the admin's kubeconfig; a user in system:kube-controller-manager alone is refused
 #   the deletes and ClusterRole patches unless --use-service-account-credentials=true)
+# Verified Prometheus (built without the web UI assets: /-/ready, /-/healthy, /metrics and
+# /api/v1/* work, the UI pages answer 500); evaluation_interval: 1s and rule_files (relative
+# to the config file) go in the config; the hidden flag starts scraping after ~1 s, not ~5 s:
+#   prometheus --config.file=C --storage.tsdb.path=D/data --web.listen-address=127.0.0.1:P \
+#     --scrape.discovery-reload-interval=1s
+#   promtool check metrics <EXPOSITION (stdin only; exit 0 clean, 3 lint problems, 1 error)
 set -euo pipefail
 
 # --- Pinned versions: the only place to change them -------------------------------------
@@ -45,9 +52,18 @@ HELM_VERSION=v4.3.2
 # github.com/rhysd/actionlint (lints .github/workflows in deploy/check.sh; shellcheck, which
 # CI installs, checks the workflows' run: scripts through it).
 ACTIONLINT_VERSION=v1.7.12
+# github.com/prometheus/prometheus (prometheus, promtool): the module is tagged v0.3MM.P for
+# Prometheus 3.MM.P (its VERSION file says 3.16.0 for v0.316.0); newest on the proxy, and its
+# go.mod asks for Go 1.26.7, so Go 1.26 builds it. The version ldflags come from VERSION.
+PROMETHEUS_VERSION=v0.316.0
+# github.com/prometheus-operator/prometheus-operator (the root module, whose zip holds
+# example/prometheus-operator-crd/): newest the proxy serves; it refuses v0.95.0-v0.95.2
+# (403, "not available"), and only pkg/apis/monitoring (Go types, no CRD YAML) has those.
+PROMETHEUS_OPERATOR_VERSION=v0.94.1
 # -----------------------------------------------------------------------------------------
 
-ALL_PEERS=(kube-apiserver kube-controller-manager kubectl etcd source-controller source-controller-crds helm actionlint)
+ALL_PEERS=(kube-apiserver kube-controller-manager kubectl etcd source-controller source-controller-crds helm actionlint
+  prometheus promtool prometheus-operator-crds)
 PEERS_DIR=${REGBROKER_PEERS_DIR:-$HOME/.cache/regbroker-peers}
 LOG_DIR=$PEERS_DIR/logs
 
@@ -55,7 +71,7 @@ log() { printf 'peers: %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 usage() {
-  sed -n '2,10s/^# \{0,1\}//p' "$0" >&2
+  sed -n '2,/^# Needs:/s/^# \{0,1\}//p' "$0" >&2
   printf 'Peers: %s\n' "${ALL_PEERS[*]}" >&2
 }
 
@@ -66,6 +82,8 @@ version_of() {
     source-controller | source-controller-crds) echo "$SOURCE_CONTROLLER_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
     actionlint) echo "$ACTIONLINT_VERSION" ;;
+    prometheus | promtool) echo "$PROMETHEUS_VERSION" ;;
+    prometheus-operator-crds) echo "$PROMETHEUS_OPERATOR_VERSION" ;;
     *) return 1 ;;
   esac
 }
@@ -75,7 +93,7 @@ target_of() {
   local name=$1 ver
   ver=$(version_of "$name")
   case $name in
-    source-controller-crds) echo "$PEERS_DIR/$name-$ver" ;;
+    source-controller-crds | prometheus-operator-crds) echo "$PEERS_DIR/$name-$ver" ;;
     *) echo "$PEERS_DIR/$name-$ver/$name" ;;
   esac
 }
@@ -324,6 +342,39 @@ build_peer() {
         "-s -w -X github.com/rhysd/actionlint.version=$ver" \
         "$out" "$logf" || fail_peer "$name" "$ver" "$logf"
       check=(-version)
+      ;;
+    prometheus | promtool)
+      # Both from one module and version (promtool reuses prometheus's build cache). No
+      # builtinassets tag: the web UI would need npm, and the HTTP API works without it.
+      local dir pver
+      if ! dir=$(mod_info "github.com/prometheus/prometheus@$ver" Dir "$logf") \
+        || [[ -z $dir ]] || ! pver=$(<"$dir/VERSION") || [[ -z $pver ]]; then
+        log "no VERSION file in github.com/prometheus/prometheus@$ver"
+        fail_peer "$name" "$ver" "$logf"
+      fi
+      scratch_build "$name" github.com/prometheus/prometheus "$ver" "$ver" \
+        "github.com/prometheus/prometheus/cmd/$name" \
+        "-s -w -X github.com/prometheus/common/version.Version=$pver -X github.com/prometheus/common/version.Revision=$ver -X github.com/prometheus/common/version.Branch=HEAD" \
+        "$out" "$logf" || fail_peer "$name" "$ver" "$logf"
+      check=(--version)
+      ;;
+    prometheus-operator-crds)
+      # ServiceMonitor, PodMonitor and PrometheusRule only (the v1 CRDs of bundle.yaml).
+      local dir crd f
+      if ! dir=$(mod_info "github.com/prometheus-operator/prometheus-operator@$ver" Dir "$logf") \
+        || [[ -z $dir ]]; then
+        fail_peer "$name" "$ver" "$logf"
+      fi
+      crd=$dir/example/prometheus-operator-crd
+      [[ -d $crd ]] || crd=$dir/example/prometheus-operator-crd-full
+      for f in servicemonitors podmonitors prometheusrules; do
+        f=$crd/monitoring.coreos.com_$f.yaml
+        [[ -f $f ]] || { log "no $f"; fail_peer "$name" "$ver" "$logf"; }
+        cp "$f" "$out/"
+      done
+      chmod -R u+w,go+r "$out"
+      install_dir "$name" "$out" "$final"
+      return 0
       ;;
     source-controller-crds)
       local dir
