@@ -1,7 +1,12 @@
 //! Prometheus metrics. Labels hold only route templates, status codes, provider names,
-//! outcome words and the names of the configured sinks (`docker-config`,
-//! `secret/NAMESPACE/NAME`): never a registry secret, and never a raw path or registry
-//! name (unbounded cardinality).
+//! outcome words, the names of the sinks (`docker-config`, `secret/NAMESPACE/NAME`), and,
+//! in the health series ([`health`]), the registries and RegistryCredential objects the
+//! operator or tenants configured: never a registry secret, and never a raw path or a
+//! registry name a client sent (unbounded cardinality).
+
+pub mod health;
+
+use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -33,8 +38,8 @@ struct ProviderLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SinkLabels {
-    sink: String,
+struct KindLabels {
+    kind: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -70,14 +75,12 @@ pub struct Metrics {
     pub static_entries: Gauge,
     /// Each provider's last fetch (outcome code and time), for `GET /v1/providers`.
     pub last_fetches: crate::broker::status::LastFetches,
-    /// 1 while this replica holds the leader election Lease (`serve --leader-elect`).
-    leader: Gauge,
     leader_transitions: Family<TransitionLabels, Counter>,
-    /// Each sink's record since start, for `/readyz?verbose` and `GET /v1/providers`.
-    pub sinks: crate::sinks::status::Sinks,
-    sink_last_success: Family<SinkLabels, Gauge>,
-    sink_never_written: Family<SinkLabels, Gauge>,
-    sink_failed_registries: Family<SinkLabels, Gauge>,
+    sink_writes: Family<KindLabels, Counter>,
+    /// Each sink's record since start, for `/readyz?verbose`, `GET /v1/providers` and
+    /// the `regbroker_sink_*` and `regbroker_credential_*` series.
+    pub sinks: Arc<crate::sinks::status::Sinks>,
+    health: Arc<health::Health>,
 }
 
 impl Default for Metrics {
@@ -147,36 +150,21 @@ impl Metrics {
             "Registries with a static credential",
             static_entries.clone(),
         );
-        let leader = Gauge::default();
-        registry.register(
-            "leader",
-            "1 while this replica holds the leader election Lease and may write Secrets, else 0",
-            leader.clone(),
-        );
         let leader_transitions = Family::<TransitionLabels, Counter>::default();
         registry.register(
             "leader_transitions",
             "Times this replica started (to=leader) or stopped (to=follower) leading",
             leader_transitions.clone(),
         );
-        let sink_last_success = Family::<SinkLabels, Gauge>::default();
+        let sink_writes = Family::<KindLabels, Counter>::default();
         registry.register(
-            "sink_last_success_timestamp_seconds",
-            "Unix time a pass last fetched every registry of the sink and wrote it; 0 until then",
-            sink_last_success.clone(),
+            "sink_writes",
+            "Writes of a sink that changed it, by kind (docker_config, secret, registry_credential: a RegistryCredential's Secret)",
+            sink_writes.clone(),
         );
-        let sink_never_written = Family::<SinkLabels, Gauge>::default();
-        registry.register(
-            "sink_never_written",
-            "1 while this replica should write the sink and no pass has written every registry of it since start, else 0 (also 0 on a replica that does not lead)",
-            sink_never_written.clone(),
-        );
-        let sink_failed_registries = Family::<SinkLabels, Gauge>::default();
-        registry.register(
-            "sink_failed_registries",
-            "Registries of the sink whose fetch failed in its last pass",
-            sink_failed_registries.clone(),
-        );
+        let sinks = Arc::new(crate::sinks::status::Sinks::default());
+        let health = Arc::new(health::Health::new(sinks.clone()));
+        registry.register_collector(Box::new(health.clone()));
         Metrics {
             registry,
             requests,
@@ -189,19 +177,17 @@ impl Metrics {
             static_reloads,
             static_entries,
             last_fetches: Default::default(),
-            leader,
             leader_transitions,
-            sinks: Default::default(),
-            sink_last_success,
-            sink_never_written,
-            sink_failed_registries,
+            sink_writes,
+            sinks,
+            health,
         }
     }
 
     /// Registers a sink (pending: never written), so it is reported before its first
     /// pass finishes.
     pub fn sink_registered(&self, name: &str, kind: crate::sinks::status::Kind) {
-        self.publish_sink(&self.sinks.register(name, kind));
+        self.sinks.register(name, kind);
     }
 
     /// Records a sink's pass that finished at `at` (broker clock).
@@ -212,42 +198,33 @@ impl Metrics {
         pass: crate::sinks::status::Pass,
         at: std::time::SystemTime,
     ) {
-        self.publish_sink(&self.sinks.record(name, kind, pass, at));
+        self.sinks.record(name, kind, pass, at);
     }
 
-    fn publish_sink(&self, s: &crate::sinks::status::SinkStatus) {
-        use crate::sinks::status::State;
-        let labels = SinkLabels {
-            sink: s.name.clone(),
-        };
-        let unix = |t: std::time::SystemTime| {
-            t.duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-        };
-        self.sink_last_success
-            .get_or_create(&labels)
-            .set(s.last_success.map_or(0, unix));
-        let state = s.state();
-        self.sink_never_written
-            .get_or_create(&labels)
-            .set(i64::from(!state.passes()));
-        let failed = if state == State::Standby {
-            0
-        } else {
-            s.failed().count()
-        };
-        self.sink_failed_registries
-            .get_or_create(&labels)
-            .set(i64::try_from(failed).unwrap_or(i64::MAX));
+    /// Reports the objects `tenants` keeps at each scrape while it lives (the
+    /// RegistryCredential controller, for its term as leader).
+    pub fn report_tenants(&self, tenants: std::sync::Weak<dyn health::Tenants>) {
+        self.health.set_tenants(tenants);
+    }
+
+    /// Makes `regbroker_leader` appear (0 until this replica leads): only replicas that
+    /// take part in leader election have it.
+    pub fn leader_election(&self) {
+        self.health.leader_election();
     }
 
     /// Records that this replica started (`leading`) or stopped leading.
     pub fn leader_transition(&self, leading: bool) {
-        self.leader.set(i64::from(leading));
+        self.health.set_leading(leading);
         let to = if leading { "leader" } else { "follower" };
         self.leader_transitions
             .get_or_create(&TransitionLabels { to })
             .inc();
+    }
+
+    /// Counts a write that changed a sink of `kind`.
+    pub fn sink_write(&self, kind: &'static str) {
+        self.sink_writes.get_or_create(&KindLabels { kind }).inc();
     }
 
     /// Counts an HTTP request.
@@ -298,7 +275,16 @@ impl Metrics {
             .inc();
     }
 
-    /// The Prometheus text exposition.
+    /// The exposition in the Prometheus text format (version 0.0.4), for clients that do
+    /// not ask for OpenMetrics (`promtool check metrics`, `curl`).
+    pub fn encode_text(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// The exposition in the OpenMetrics text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.

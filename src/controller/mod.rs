@@ -108,6 +108,33 @@ struct Context {
     /// Per object UID whose Secret's entries were adopted, that Secret's resourceVersion:
     /// later looks adopt them again while nobody wrote the Secret since.
     adopted: Mutex<HashMap<String, String>>,
+    /// Per object UID, when a look last succeeded and last failed (`/metrics`).
+    checks: Mutex<HashMap<String, status::Checks>>,
+}
+
+impl crate::metrics::health::Tenants for Context {
+    fn health(&self) -> Vec<crate::metrics::health::TenantHealth> {
+        let written = lock(&self.written);
+        let checks = lock(&self.checks);
+        self.objects
+            .iter()
+            .flat_map(|s| s.state())
+            .filter(|o| o.metadata.deletion_timestamp.is_none())
+            .map(|o| {
+                let uid = o.uid().unwrap_or_default();
+                let ns = o.namespace().unwrap_or_default();
+                let name = o.name_any();
+                let sink = SecretRef {
+                    namespace: ns.clone(),
+                    name: o.target_name().unwrap_or(&name).to_string(),
+                }
+                .sink_name();
+                let latest = latest(&written, &uid, o.status.as_ref());
+                let checks = checks.get(&uid).copied().unwrap_or_default();
+                status::health(&ns, &name, sink, &latest, checks)
+            })
+            .collect()
+    }
 }
 
 /// What a reconcile looks at.
@@ -200,7 +227,11 @@ async fn run_term(
         written: Mutex::new(HashMap::new()),
         looked: Mutex::new(HashSet::new()),
         adopted: Mutex::new(HashMap::new()),
+        checks: Mutex::new(HashMap::new()),
     });
+    // Reported while this term lasts: a replica that stops leading stops reporting.
+    let tenants: Arc<dyn crate::metrics::health::Tenants> = ctx.clone();
+    broker.metrics().report_tenants(Arc::downgrade(&tenants));
     let runs = controllers.into_iter().zip(scopes).map(|(c, ns)| {
         // Metadata only: the Secrets' data and the ServiceAccounts' tokens are never
         // watched.
@@ -300,6 +331,10 @@ async fn reconcile(obj: Arc<RegistryCredential>, ctx: Arc<Context>) -> Result<Ac
         .backoff(&uid, failing)
         .map_or(requeue, |b| requeue.min(b));
     let now = ctx.broker.now();
+    lock(&ctx.checks)
+        .entry(uid.clone())
+        .or_default()
+        .record(&found, now);
     let next = status::next(
         &previous,
         obj.metadata.generation,
@@ -465,6 +500,7 @@ impl Context {
         lock(&self.written).retain(|k, _| live.contains(k));
         lock(&self.looked).retain(|k| live.contains(k));
         lock(&self.adopted).retain(|k, _| live.contains(k));
+        lock(&self.checks).retain(|k, _| live.contains(k));
     }
 
     /// The object that keeps `target` in `ns` first (created earliest, then by name), if
@@ -1020,6 +1056,9 @@ impl Context {
             written.outcome,
             secret::Outcome::Created | secret::Outcome::Updated
         );
+        if written {
+            self.broker.metrics().sink_write("registry_credential");
+        }
         Ok(Some((
             Found::Synced {
                 registries: states,

@@ -232,6 +232,75 @@ pub fn next(
     status
 }
 
+/// When the controller last found an object's Secret holding every registry fresh, and
+/// when it last failed to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Checks {
+    /// The last look that found every registry fetched and the Secret written.
+    pub success: Option<SystemTime>,
+    /// The last look that did not (a fetch failed, or the object is Stalled).
+    pub failure: Option<SystemTime>,
+}
+
+impl Checks {
+    /// Records what a look found at `now` (a suspended object records nothing).
+    pub fn record(&mut self, found: &Found, now: SystemTime) {
+        match found {
+            Found::Synced { retrying: None, .. } => self.success = Some(now),
+            Found::Suspended => {}
+            Found::Synced { .. } | Found::Failed { .. } | Found::Stalled { .. } => {
+                self.failure = Some(now);
+            }
+        }
+    }
+}
+
+/// An object's health series (`/metrics`) from its latest `status`: the Secret `sink`
+/// (`secret/NAMESPACE/NAME`), each condition, and each held credential's expiry.
+pub fn health(
+    namespace: &str,
+    name: &str,
+    sink: String,
+    status: &RegistryCredentialStatus,
+    checks: Checks,
+) -> crate::metrics::health::TenantHealth {
+    let condition = |type_: &str| match find(&status.conditions, type_) {
+        Some(c) => (
+            match c.status.as_str() {
+                "True" => "True",
+                "False" => "False",
+                _ => "Unknown",
+            },
+            c.reason.clone(),
+        ),
+        None if type_ == READY => ("Unknown", String::new()),
+        None => ("False", String::new()),
+    };
+    let unix = |t: &Time| {
+        SystemTime::UNIX_EPOCH
+            + std::time::Duration::from_secs(u64::try_from(t.0.as_second()).unwrap_or(0))
+    };
+    crate::metrics::health::TenantHealth {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        sink,
+        conditions: [condition(READY), condition(RECONCILING), condition(STALLED)],
+        expiries: status
+            .registries
+            .iter()
+            .filter(|r| held(r))
+            .filter_map(|r| Some((r.name.clone(), unix(r.expires_at.as_ref()?))))
+            .collect(),
+        failed_registries: status
+            .registries
+            .iter()
+            .filter(|r| r.reason != SUCCEEDED)
+            .count(),
+        last_success: checks.success,
+        last_failure: checks.failure,
+    }
+}
+
 fn plural(n: usize) -> &'static str {
     if n == 1 { "registry" } else { "registries" }
 }
@@ -484,6 +553,68 @@ mod tests {
         let ev = transitions(&expired, &back);
         assert_eq!(ev.len(), 1);
         assert!(!ev[0].warning && ev[0].reason == "Recovered");
+    }
+
+    #[test]
+    fn health_reports_each_condition_each_held_expiry_and_the_looks() {
+        // Before any status: Ready Unknown, the others False (kstatus: absent is False).
+        let none = health(
+            "ns",
+            "o",
+            "secret/ns/t".into(),
+            &Default::default(),
+            Checks::default(),
+        );
+        assert_eq!(
+            none.conditions,
+            [
+                ("Unknown", String::new()),
+                ("False", String::new()),
+                ("False", String::new())
+            ]
+        );
+        assert!(none.expiries.is_empty() && none.last_success.is_none());
+
+        let mut failing = reg("b.example.com", None, "UpstreamUnavailable");
+        failing.provider = None; // not held: no entry in the Secret
+        let regs = vec![reg("a.example.com", Some(5_000), SUCCEEDED), failing];
+        let mut checks = Checks::default();
+        let found = Found::Synced {
+            registries: regs.clone(),
+            written: true,
+            retrying: Some(("UpstreamUnavailable".into(), "down".into())),
+        };
+        checks.record(&found, at(100));
+        checks.record(&synced(regs.clone(), false), at(200));
+        checks.record(&Found::Suspended, at(300));
+        assert_eq!(
+            (checks.success, checks.failure),
+            (Some(at(200)), Some(at(100)))
+        );
+        let s = next(&Default::default(), Some(1), "t", None, found, at(100));
+        let h = health("ns", "o", "secret/ns/t".into(), &s, checks);
+        // One registry missing from the Secret: not Ready.
+        assert_eq!(
+            h.conditions[0],
+            ("False", "UpstreamUnavailable".to_string())
+        );
+        assert_eq!(
+            h.conditions[1],
+            ("True", PROGRESSING_WITH_RETRY.to_string())
+        );
+        assert_eq!(h.conditions[2].0, "False");
+        assert_eq!(h.expiries, [("a.example.com".to_string(), at(5_000))]);
+        assert_eq!(h.failed_registries, 1);
+        assert_eq!(
+            (h.last_success, h.last_failure),
+            (Some(at(200)), Some(at(100)))
+        );
+        let stalled = Found::Stalled {
+            reason: StallReason::ServiceAccountNotFound,
+            message: "m".into(),
+        };
+        checks.record(&stalled, at(400));
+        assert_eq!(checks.failure, Some(at(400)));
     }
 
     #[test]

@@ -276,15 +276,33 @@ async fn readyz(State(state): State<AppState>, RawQuery(query): RawQuery) -> Res
     res
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics.encode(),
-    )
-        .into_response()
+/// OpenMetrics for a client that accepts it (Prometheus does), else the Prometheus text
+/// format, as Prometheus' own client libraries negotiate.
+async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("application/openmetrics-text"));
+    if openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            state.metrics.encode(),
+        )
+            .into_response()
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            )],
+            state.metrics.encode_text(),
+        )
+            .into_response()
+    }
 }
 
 /// A known path with another method: the JSON error body like every other error (axum

@@ -79,7 +79,8 @@ impl Sink {
         let last = render(&held);
         write_atomic(&config.path, last.as_bytes())?;
         tracing::info!(path = %config.path.display(), registries = held.len(), "Wrote docker config");
-        record(&broker, passed.fetched, None);
+        broker.metrics().sink_write(Kind::DockerConfig.as_str());
+        record(&broker, passed, None);
         Ok(Sink {
             broker,
             config,
@@ -105,6 +106,7 @@ impl Sink {
             match write_atomic(&self.config.path, contents.as_bytes()) {
                 Ok(()) => {
                     tracing::info!(path = %self.config.path.display(), registries = self.held.len(), "Wrote docker config");
+                    broker.metrics().sink_write(Kind::DockerConfig.as_str());
                     self.last = contents;
                 }
                 Err(e) => {
@@ -114,7 +116,7 @@ impl Sink {
                 }
             }
         }
-        record(&self.broker, passed.fetched, write_error);
+        record(&self.broker, passed, write_error);
     }
 
     /// When the next pass is due.
@@ -132,14 +134,11 @@ impl Sink {
 }
 
 /// Records a pass of the file sink.
-fn record(
-    broker: &Broker,
-    fetched: Vec<(Registry, &'static str)>,
-    write_error: Option<&'static str>,
-) {
+fn record(broker: &Broker, passed: super::Passed, write_error: Option<&'static str>) {
     let pass = Pass::Ran {
-        registries: fetched,
+        registries: passed.fetched,
         write_error,
+        expiries: passed.expiries,
     };
     broker
         .metrics()

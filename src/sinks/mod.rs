@@ -31,10 +31,11 @@ use crate::broker::{Broker, BrokerError};
 pub(crate) const MIN_SLEEP: Duration = Duration::from_secs(5);
 pub(crate) const MAX_SLEEP: Duration = Duration::from_secs(60);
 
-/// One registry's current `auth` value and when it goes stale.
+/// One registry's current `auth` value, when it goes stale and when it expires.
 pub(crate) struct Held {
     auth: Zeroizing<String>,
     stale_at: Option<SystemTime>,
+    expires_at: Option<SystemTime>,
 }
 
 /// The registries the sink writes.
@@ -76,6 +77,8 @@ pub(crate) struct Passed {
     pub(crate) next: Duration,
     /// Each wanted registry's fetch outcome: `ok` or the error code.
     pub(crate) fetched: Vec<(Registry, &'static str)>,
+    /// The expiry of each credential held after the pass (those that expire).
+    pub(crate) expiries: Vec<(Registry, SystemTime)>,
 }
 
 /// Runs one pass: fetch every registry of `wanted` into `held`, with `fetch` (the
@@ -123,7 +126,15 @@ pub(crate) async fn pass(
     Passed {
         next: next.clamp(MIN_SLEEP, MAX_SLEEP),
         fetched,
+        expiries: expiries(held),
     }
+}
+
+/// The expiry of each credential in `held` that expires.
+pub(crate) fn expiries(held: &BTreeMap<Registry, Held>) -> Vec<(Registry, SystemTime)> {
+    held.iter()
+        .filter_map(|(r, h)| h.expires_at.map(|e| (r.clone(), e)))
+        .collect()
 }
 
 /// `credential` as a docker config entry, and when it should be fetched anew (its refresh
@@ -149,6 +160,7 @@ pub(crate) fn hold(
     let held = Held {
         auth,
         stale_at: plan.as_ref().map(|p| p.stale_at),
+        expires_at: credential.expires_at(),
     };
     (held, plan.map(|p| p.refresh_at))
 }

@@ -254,6 +254,9 @@ impl SecretSync {
             let outcome = match written.map(|w| w.outcome) {
                 Ok(o) => {
                     target.failures = 0;
+                    if matches!(o, Outcome::Created | Outcome::Updated) {
+                        broker.metrics().sink_write(SinkKind::Secret.as_str());
+                    }
                     match o {
                         Outcome::Created => {
                             tracing::info!(%secret, registries, "Created Secret")
@@ -290,6 +293,7 @@ impl SecretSync {
                 Pass::Ran {
                     registries: passed.fetched,
                     write_error,
+                    expiries: passed.expiries,
                 }
             };
             broker

@@ -81,6 +81,9 @@ pub enum Pass {
         registries: Vec<(Registry, &'static str)>,
         /// `None`: written or already up to date; else why not (a code).
         write_error: Option<&'static str>,
+        /// The expiry of each credential the sink holds once written (those that
+        /// expire); ignored when the write failed, as the sink keeps what it held.
+        expiries: Vec<(Registry, SystemTime)>,
     },
     /// Not this replica's to write: it does not lead.
     Standby,
@@ -98,6 +101,11 @@ pub struct SinkStatus {
     pub last_attempt: Option<SystemTime>,
     /// When a pass last wrote every registry (broker clock).
     pub last_success: Option<SystemTime>,
+    /// When a pass last missed a registry or could not write (broker clock).
+    pub last_failure: Option<SystemTime>,
+    /// The expiry of each credential the sink holds (those that expire), as the last
+    /// pass that wrote left it.
+    pub expiries: Vec<(Registry, SystemTime)>,
     /// The last pass's fetch outcome per registry (`ok` or an error code).
     pub registries: Vec<(Registry, &'static str)>,
     /// The last pass's write error code, if its write failed.
@@ -186,6 +194,8 @@ fn entry<'a>(sinks: &'a mut Vec<SinkStatus>, name: &str, kind: Kind) -> &'a mut 
                 kind,
                 last_attempt: None,
                 last_success: None,
+                last_failure: None,
+                expiries: Vec::new(),
                 registries: Vec::new(),
                 write_error: None,
                 standby: false,
@@ -234,11 +244,17 @@ impl Sinks {
             Pass::Ran {
                 registries,
                 write_error,
+                expiries,
             } => {
                 s.standby = false;
                 s.last_attempt = Some(at);
                 if write_error.is_none() && registries.iter().all(|(_, o)| *o == "ok") {
                     s.last_success = Some(at);
+                } else {
+                    s.last_failure = Some(at);
+                }
+                if write_error.is_none() {
+                    s.expiries = expiries;
                 }
                 s.registries = registries;
                 s.write_error = write_error;
@@ -267,6 +283,7 @@ mod tests {
         Pass::Ran {
             registries: outcomes.iter().map(|(h, o)| (r(h), *o)).collect(),
             write_error,
+            expiries: Vec::new(),
         }
     }
 

@@ -293,6 +293,7 @@ impl Elector {
 
     /// Reports leadership in `metrics` (`regbroker_leader`, `regbroker_leader_transitions_total`).
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Elector {
+        metrics.leader_election();
         self.metrics = Some(metrics);
         self
     }
