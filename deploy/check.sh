@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Lints the container image and deployment files: hadolint on the Dockerfile, yamllint on
 # every YAML file under deploy/, the Helm chart (helm lint --strict, and helm template for
-# each shape with its default values and with each ci/ values file, the output yamllinted),
-# strict schema validation of the manifests and of the chart's renderings
-# (deploy/check_manifests.py, with kubernetes-validate's bundled schemas: no network),
+# each shape with its default values and with each ci/ values file, the output yamllinted;
+# its monitoring objects with and without the Prometheus Operator's API), strict schema
+# validation of the manifests and of the chart's renderings, and the PrometheusRule against
+# deploy/monitoring/alerts.yaml (deploy/check_manifests.py, with kubernetes-validate's
+# bundled schemas: no network),
 # the per-cloud guides' policy documents and Flux sources against the manifests
 # (deploy/check_clouds.py), the scripts through shellcheck, and actionlint on the GitHub
 # workflows (.github/workflows, their run: scripts through shellcheck too). Needs
@@ -45,14 +47,24 @@ else
   echo "helm chart $chart ($("$helm_bin" version --short))"
   rendered=$(mktemp -d "${TMPDIR:-/tmp}/regbroker-chart.XXXXXX")
   trap 'rm -rf "$rendered"' EXIT
-  # The Kubernetes version and APIs a cluster would report (the chart uses only GA APIs).
+  # helm, without the line it logs for each symbolic link it follows: files/alerts.yaml and
+  # files/dashboard.json link to deploy/monitoring/ on purpose.
+  run_helm() {
+    "$helm_bin" "$@" 2> >(grep -v 'msg="found symbolic link in path' >&2)
+  }
+  # The Kubernetes version and APIs a cluster would report (the chart uses only GA APIs),
+  # with the Prometheus Operator's, which the ServiceMonitor and PrometheusRule need.
   kube_version=(--kube-version 1.37.0)
-  kube=("${kube_version[@]}"
+  kube_core=("${kube_version[@]}"
     --api-versions apps/v1/Deployment --api-versions v1/ServiceAccount
-    --api-versions v1/ConfigMap --api-versions rbac.authorization.k8s.io/v1/Role
+    --api-versions v1/ConfigMap --api-versions v1/Service
+    --api-versions rbac.authorization.k8s.io/v1/Role
     --api-versions rbac.authorization.k8s.io/v1/RoleBinding
     --api-versions networking.k8s.io/v1/NetworkPolicy
     --api-versions policy/v1/PodDisruptionBudget)
+  monitoring_apis=(--api-versions monitoring.coreos.com/v1/ServiceMonitor
+    --api-versions monitoring.coreos.com/v1/PrometheusRule)
+  kube=("${kube_core[@]}" "${monitoring_apis[@]}")
   sidecar=(--namespace flux-system --set mode=sourceControllerSidecar)
   patch=(--set sourceControllerSidecar.renderPatch=true)
   # render NAME SHAPE HELM-ARGS...: helm template into $rendered/NAME.yaml, queued for
@@ -61,18 +73,18 @@ else
     local name=$1 shape=$2
     shift 2
     echo "  helm template $name ($shape)"
-    "$helm_bin" template regbroker "$chart" "${kube[@]}" "$@" >"$rendered/$name.yaml"
+    run_helm template regbroker "$chart" "${kube[@]}" "$@" >"$rendered/$name.yaml"
     chart_renders+=(--render "$shape" "$rendered/$name.yaml")
   }
 
-  "$helm_bin" lint --strict --quiet "${kube_version[@]}" "$chart"
-  "$helm_bin" lint --strict --quiet "${kube_version[@]}" "${sidecar[@]}" "$chart"
+  run_helm lint --strict --quiet "${kube_version[@]}" "$chart"
+  run_helm lint --strict --quiet "${kube_version[@]}" "${sidecar[@]}" "$chart"
   render standalone-defaults standalone --namespace regbroker
   render sidecar-defaults sidecar "${sidecar[@]}"
   render sidecar-defaults-patch sidecar-patch "${sidecar[@]}" "${patch[@]}"
   for values in "$chart"/ci/*-values.yaml; do
     name=$(basename "$values" .yaml)
-    "$helm_bin" lint --strict --quiet "${kube_version[@]}" -f "$values" "$chart"
+    run_helm lint --strict --quiet "${kube_version[@]}" -f "$values" "$chart"
     case $name in
       standalone-*) render "$name" standalone --namespace regbroker -f "$values" ;;
       sidecar-*)
@@ -93,6 +105,7 @@ else
     --set 'syncSecrets[0].namespace=apps' --set 'syncSecrets[0].name=regbroker-pull' \
     --set "sinkRegistries[0]=$ecr" --set "serviceAccount.annotations.eks\.amazonaws\.com/role-arn=$role"
   render sidecar-as-shipped sidecar "${sidecar[@]}" --set "sinkRegistries[0]=$ecr"
+
   # The patches, one file each, exactly as the chart's README tells users to render them
   # (in show-only/: helm frames --show-only output with extra blank lines at the end, so
   # it is not yamllinted; the same documents are, in the *-patch renderings).
@@ -109,11 +122,49 @@ else
     --same-as-shipped sidecar "$rendered/sidecar-as-shipped.yaml"
   )
 
+  # Monitoring: the PrometheusRule is deploy/monitoring/alerts.yaml's groups exactly with
+  # the defaults; expiryMarginSeconds changes only its expression, and nameOverride only
+  # RegbrokerTargetMissing's job (the ServiceMonitor's job label follows it).
+  monitoring=(--set serviceMonitor.enabled=true --set prometheusRule.enabled=true
+    --set grafanaDashboard.enabled=true)
+  render standalone-monitoring standalone --namespace regbroker "${monitoring[@]}"
+  render standalone-monitoring-margin standalone --namespace regbroker "${monitoring[@]}" \
+    --set prometheusRule.expiryMarginSeconds=900
+  render sidecar-monitoring sidecar "${sidecar[@]}" "${monitoring[@]}" \
+    --set serviceMonitor.sidecarNetworkPolicy=true --set nameOverride=broker \
+    --set prometheusRule.expiryMarginSeconds=300
+  chart_renders+=(
+    --prometheus-rule 600 regbroker "$rendered/standalone-monitoring.yaml"
+    --prometheus-rule 900 regbroker "$rendered/standalone-monitoring-margin.yaml"
+    --prometheus-rule 300 broker "$rendered/sidecar-monitoring.yaml"
+  )
+  # A cluster without the Prometheus Operator's API: no ServiceMonitor (nor its Service),
+  # no PrometheusRule, and the release notes say so (a client-only dry run, no cluster).
+  kube=("${kube_core[@]}")
+  for shape in standalone sidecar; do
+    if [ "$shape" = standalone ]; then shape_args=(--namespace regbroker); else shape_args=("${sidecar[@]}"); fi
+    render "$shape-monitoring-no-api" "$shape" "${shape_args[@]}" "${monitoring[@]}"
+    chart_renders+=(--no-monitoring-api "$shape" "$rendered/$shape-monitoring-no-api.yaml")
+    notes=$(KUBECONFIG=/dev/null run_helm install regbroker "$chart" --dry-run=client \
+      "${shape_args[@]}" "${monitoring[@]}" 2>/dev/null | sed -n '/^NOTES:/,$p')
+    for kind in ServiceMonitor PrometheusRule; do
+      if ! grep -q "no monitoring.coreos.com/v1 $kind: not rendered" <<<"$notes"; then
+        echo "FAIL the release notes ($shape) do not say the $kind was not rendered:" >&2
+        echo "$notes" >&2
+        exit 1
+      fi
+    done
+  done
+  kube=("${kube_core[@]}" "${monitoring_apis[@]}")
+
   # Rendered output is YAML: lint it with deploy/'s rules, except that helm's toYaml
-  # (nodeSelector, affinity, ... from values) writes lists unindented under their key.
+  # (nodeSelector, affinity, ... from values) writes lists unindented under their key, and
+  # that the files the chart embeds as they are (deploy/monitoring's dashboard JSON and
+  # alert annotations) have long lines.
   echo "  yamllint the renderings"
   yamllint --strict \
-    -d "{extends: deploy/.yamllint, rules: {indentation: {indent-sequences: whatever}}}" "$rendered"/*.yaml
+    -d "{extends: deploy/.yamllint, rules: {indentation: {indent-sequences: whatever}, line-length: disable}}" \
+    "$rendered"/*.yaml
 fi
 
 echo "manifests"

@@ -24,10 +24,23 @@ sidecar or sidecar-patch) validates each rendered object like the manifests abov
 the shape renders only its own kinds, and merges sidecar-patch output into the
 source-controller stand-in; `--same-as-shipped SHAPE FILE` also requires a rendering with
 the kustomize manifests' example values to match deploy/standalone/ or deploy/flux/.
+
+The chart's monitoring objects are checked in every rendering that has them: the metrics
+Service exposes only the probe port and selects the pods that serve it (regbroker's, or
+source-controller's stand-in), the ServiceMonitor scrapes that Service as the job the
+alert rules expect, the PrometheusRule holds exactly the rule groups of
+deploy/monitoring/alerts.yaml except the two expressions the chart sets from values, and
+the dashboard ConfigMap holds deploy/monitoring/dashboard.json. `--prometheus-rule MARGIN
+JOB FILE` pins those two expressions to the values the rendering was given (with 600 and
+regbroker, the PrometheusRule equals the file's groups exactly), and `--no-monitoring-api
+SHAPE FILE` requires a rendering for a cluster without the Prometheus Operator's API to
+hold no monitoring.coreos.com object and no metrics Service. deploy/monitoring/ itself holds
+no Kubernetes objects (a Prometheus rule file and a Grafana dashboard), so the walk skips it.
 """
 
 import argparse
 import copy
+import json
 import pathlib
 import re
 import subprocess
@@ -41,6 +54,7 @@ K8S_VERSIONS = ["1.32.0"]
 DEPLOY = pathlib.Path(__file__).resolve().parent
 CHART = DEPLOY / "chart"
 CLOUDS = DEPLOY / "clouds"
+MONITORING = DEPLOY / "monitoring"
 FLUX_OWN_FILES = {"gotk-components.yaml", "gotk-sync.yaml"}
 # The kinds each chart shape may render; anything else means a template leaked into the
 # wrong shape.
@@ -50,12 +64,36 @@ CHART_KINDS = {
         "PodDisruptionBudget",
         # registryCredentials.enabled: the CRD, the controller's and the tenants' roles.
         "CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding",
+        # serviceMonitor, prometheusRule (grafanaDashboard is a ConfigMap).
+        "Service", "ServiceMonitor", "PrometheusRule",
     },
-    "sidecar": {"Role", "RoleBinding", "ConfigMap"},
+    # serviceMonitor (with sidecarNetworkPolicy) and prometheusRule.
+    "sidecar": {"Role", "RoleBinding", "ConfigMap", "Service", "ServiceMonitor", "PrometheusRule",
+                "NetworkPolicy"},
     "sidecar-patch": {"Deployment", "ServiceAccount"},
 }
 CORE_GROUPS = {
     "v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1", "policy/v1",
+}
+# The Prometheus Operator's: kubernetes-validate has no schema for them (the API server
+# judges them in tests/kube_deploy.rs, with the operator's CRDs); field checks here.
+MONITORING_GROUP = "monitoring.coreos.com/v1"
+# The port regbroker serves /metrics (and the probes) on, and the credential endpoint's.
+PROBE_PORT, CREDENTIAL_PORT = 8478, 8477
+# The two expressions of deploy/monitoring/alerts.yaml the chart sets from values, as
+# (the file's text, a pattern of what the chart writes, how the chart writes it).
+EXPIRING_SOON, TARGET_MISSING = "RegbrokerCredentialExpiringSoon", "RegbrokerTargetMissing"
+CHART_EXPRS = {
+    EXPIRING_SOON: (
+        "regbroker_credential_expiry_timestamp_seconds - time() < 600",
+        re.compile(r"regbroker_credential_expiry_timestamp_seconds - time\(\) < ([0-9]+)"),
+        lambda margin, job: f"regbroker_credential_expiry_timestamp_seconds - time() < {margin}",
+    ),
+    TARGET_MISSING: (
+        'absent(up{job="regbroker"} == 1)',
+        re.compile(r'absent\(up\{job="([^"]+)"\} == 1\)'),
+        lambda margin, job: f'absent(up{{job="{job}"}} == 1)',
+    ),
 }
 
 failures = []
@@ -267,6 +305,8 @@ def check_chart_render(shape, path, objs, stand_in, out, to_validate):
         if kind == "CustomResourceDefinition":
             check_crd(path, d)
             continue
+        if d["apiVersion"] == MONITORING_GROUP and kind in ("ServiceMonitor", "PrometheusRule"):
+            continue  # check_monitoring
         if d["apiVersion"] not in CORE_GROUPS:
             fail(f"{where}: {kind} has apiVersion {d['apiVersion']}, not a core group")
             continue
@@ -285,6 +325,179 @@ def check_chart_render(shape, path, objs, stand_in, out, to_validate):
         fail(f"{where}: expected exactly one Deployment")
     if shape == "sidecar-patch" and len(by_kind(objs, "Deployment")) > 1:
         fail(f"{where}: expected one Deployment patch at most")
+    if shape != "sidecar-patch":
+        check_monitoring(shape, where, objs, stand_in)
+
+
+def alert_groups():
+    """The rule groups of deploy/monitoring/alerts.yaml."""
+    (rules,) = docs(MONITORING / "alerts.yaml")
+    if set(rules) != {"groups"}:
+        fail(f"monitoring/alerts.yaml: a Prometheus rule file has only `groups`, not {sorted(rules)}")
+    return rules.get("groups", [])
+
+
+def rules_by_alert(groups):
+    return {r["alert"]: r for g in groups for r in g.get("rules", []) if "alert" in r}
+
+
+def expected_alert_groups(margin, job):
+    """alerts.yaml's groups as the chart renders them for MARGIN and JOB: the file's own
+    text for the two expressions the chart sets must be what the chart writes for 600 and
+    `regbroker` (else the template and the file have drifted apart)."""
+    groups = copy.deepcopy(alert_groups())
+    rules = rules_by_alert(groups)
+    for alert, (text, _, chart) in CHART_EXPRS.items():
+        rule = rules.get(alert)
+        if rule is None:
+            fail(f"monitoring/alerts.yaml: no alert {alert}, whose expression the chart sets")
+            continue
+        if rule["expr"] != text or chart(600, "regbroker") != text:
+            fail(f"monitoring/alerts.yaml: {alert}'s expr is {rule['expr']!r}; the chart "
+                 f"(templates/prometheusrule.yaml) writes {chart(600, 'regbroker')!r} for the "
+                 "defaults: change both together (and this check's CHART_EXPRS)")
+        rule["expr"] = chart(margin, job)
+    return groups
+
+
+def differences(a, b, at=""):
+    """The paths at which two parsed YAML values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [p for k in sorted(a.keys() | b.keys(), key=str)
+                for p in differences(a.get(k), b.get(k), f"{at}.{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [p for i, (x, y) in enumerate(zip(a, b)) for p in differences(x, y, f"{at}[{i}]")]
+    return [] if a == b else [f"{at or '.'}: chart {a!r}, alerts.yaml {b!r}"]
+
+
+def check_prometheus_rule(where, rule, margin=None, job=None):
+    """RULE's spec.groups are alerts.yaml's with the chart's two expressions, for MARGIN and
+    JOB, or (None) for whatever values they were rendered with. Returns the job."""
+    groups = rule.get("spec", {}).get("groups", [])
+    rendered = rules_by_alert(groups)
+    found = {}
+    for alert, (_, pattern, _) in CHART_EXPRS.items():
+        m = pattern.fullmatch(str(rendered.get(alert, {}).get("expr")))
+        if not m:
+            fail(f"{where}: PrometheusRule {alert} expr {rendered.get(alert, {}).get('expr')!r} "
+                 f"is not of the form {pattern.pattern}")
+            return None
+        found[alert] = m.group(1)
+    if margin is not None and found[EXPIRING_SOON] != str(margin):
+        fail(f"{where}: {EXPIRING_SOON}'s margin is {found[EXPIRING_SOON]}, not {margin}")
+    if job is not None and found[TARGET_MISSING] != job:
+        fail(f"{where}: {TARGET_MISSING}'s job is {found[TARGET_MISSING]!r}, not {job!r}")
+    expected = expected_alert_groups(int(found[EXPIRING_SOON]), found[TARGET_MISSING])
+    diff = differences(groups, expected, "spec.groups")
+    if diff:
+        fail(f"{where}: the PrometheusRule is not deploy/monitoring/alerts.yaml's groups "
+             "(but for the two expressions the chart sets):\n    " + "\n    ".join(diff))
+    return found[TARGET_MISSING]
+
+
+def matches(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def metrics_services(objs):
+    return [d for d in by_kind(objs, "Service")
+            if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "metrics"]
+
+
+def check_monitoring(shape, where, objs, stand_in):
+    """The Service, ServiceMonitor, NetworkPolicy, PrometheusRule and dashboard ConfigMap
+    of serviceMonitor, prometheusRule and grafanaDashboard, where rendered."""
+    services = metrics_services(objs)
+    monitors = by_kind(objs, "ServiceMonitor")
+    if len(by_kind(objs, "Service")) != len(services):
+        fail(f"{where}: the only Service the chart renders is the metrics Service")
+    if len(services) != len(monitors) or len(monitors) > 1:
+        fail(f"{where}: expected the metrics Service with its ServiceMonitor, found "
+             f"{len(services)} and {len(monitors)}")
+        return
+    job = None
+    for svc, sm in zip(services, monitors):
+        spec = svc["spec"]
+        ports = spec.get("ports", [])
+        if [(p.get("port"), p.get("name")) for p in ports] != [(PROBE_PORT, "metrics")]:
+            fail(f"{where}: the metrics Service must expose the probe port {PROBE_PORT} only: {ports}")
+        if CREDENTIAL_PORT in [p.get(k) for p in ports for k in ("port", "targetPort")]:
+            fail(f"{where}: the metrics Service exposes the credential endpoint's port")
+        # The pods it selects, and the name of their probe port.
+        if shape == "standalone":
+            if len(by_kind(objs, "Deployment")) != 1:
+                return  # failed above
+            dep = by_kind(objs, "Deployment")[0]
+            pod, pod_namespace = dep["spec"]["template"], dep["metadata"]["namespace"]
+            if spec.get("selector") != dep["spec"]["selector"]["matchLabels"]:
+                fail(f"{where}: the metrics Service's selector {spec.get('selector')} is not the "
+                     f"Deployment's {dep['spec']['selector']['matchLabels']}")
+        else:
+            # source-controller's stand-in with the sidecar patched in; its namespace is the
+            # one of the ServiceAccount the RoleBindings bind.
+            pod = merge(stand_in["Deployment"],
+                        docs(DEPLOY / "flux" / "source-controller-patch.yaml")[0])["spec"]["template"]
+            bindings = by_kind(objs, "RoleBinding")
+            if not bindings:
+                fail(f"{where}: no RoleBinding for source-controller's ServiceAccount")
+                return
+            pod_namespace = bindings[0]["subjects"][0]["namespace"]
+        if svc["metadata"]["namespace"] != pod_namespace:
+            fail(f"{where}: the metrics Service is in {svc['metadata']['namespace']}, not with the "
+                 f"pods in {pod_namespace}")
+        if not matches(spec.get("selector"), pod["metadata"]["labels"]):
+            fail(f"{where}: the metrics Service's selector {spec.get('selector')} does not select "
+                 f"the pods ({pod['metadata']['labels']})")
+        probe = [p["name"] for c in pod["spec"]["containers"] if c["name"] == "regbroker"
+                 for p in c.get("ports", []) if p["containerPort"] == PROBE_PORT]
+        if [p.get("targetPort") for p in ports] != probe[:1]:
+            fail(f"{where}: the metrics Service's targetPort is not the regbroker container's "
+                 f"probe port {probe}")
+        # The ServiceMonitor: that Service, in its namespace, as the job the rules expect.
+        labels = svc["metadata"].get("labels", {})
+        mspec = sm["spec"]
+        if sm["metadata"]["namespace"] != svc["metadata"]["namespace"] or "namespaceSelector" in mspec:
+            fail(f"{where}: the ServiceMonitor must be in the metrics Service's namespace")
+        if not matches(mspec.get("selector", {}).get("matchLabels"), labels):
+            fail(f"{where}: the ServiceMonitor's selector does not select the metrics Service")
+        if [e.get("port") for e in mspec.get("endpoints", [])] != [p.get("name") for p in ports]:
+            fail(f"{where}: the ServiceMonitor must scrape the metrics Service's port")
+        job = labels.get(mspec.get("jobLabel"))
+        if not job:
+            fail(f"{where}: the ServiceMonitor's jobLabel {mspec.get('jobLabel')!r} is not a label "
+                 "of the metrics Service: Prometheus' job would be the Service's name")
+    # sidecarNetworkPolicy: the probe port of the pods the metrics Service selects, nothing else.
+    for np in by_kind(objs, "NetworkPolicy") if shape == "sidecar" else []:
+        ports = [p["port"] for rule in np["spec"].get("ingress", []) for p in rule.get("ports", [])]
+        if not services or ports != [PROBE_PORT] or \
+                np["spec"]["podSelector"].get("matchLabels") != services[0]["spec"].get("selector"):
+            fail(f"{where}: the sidecar's NetworkPolicy must admit only the probe port of the "
+                 f"pods the metrics Service selects: {np['spec']}")
+    if shape == "standalone" and len(by_kind(objs, "NetworkPolicy")) > 1:
+        fail(f"{where}: sidecarNetworkPolicy must change nothing in the standalone shape")
+    for rule in by_kind(objs, "PrometheusRule"):
+        rule_job = check_prometheus_rule(where, rule)
+        if job is not None and rule_job is not None and rule_job != job:
+            fail(f"{where}: {TARGET_MISSING} expects job {rule_job!r}, but the ServiceMonitor's "
+                 f"targets get job {job!r}")
+    for cm in by_kind(objs, "ConfigMap"):
+        if "regbroker.json" in cm.get("data", {}):
+            dashboard = (MONITORING / "dashboard.json").read_text()
+            if cm["data"]["regbroker.json"] != dashboard:
+                fail(f"{where}: the dashboard ConfigMap's regbroker.json is not "
+                     "deploy/monitoring/dashboard.json")
+            json.loads(dashboard)
+
+
+def check_without_monitoring_api(shape, path, objs):
+    """Rendered for a cluster without monitoring.coreos.com: nothing of it, nor the Service
+    only the ServiceMonitor needs."""
+    where = f"chart render {path.name} ({shape}, no monitoring.coreos.com API)"
+    for d in objs:
+        if d["apiVersion"].startswith("monitoring.coreos.com/"):
+            fail(f"{where}: renders a {d['kind']} although the cluster does not serve it")
+    if metrics_services(objs):
+        fail(f"{where}: renders the metrics Service without its ServiceMonitor")
 
 
 def regbroker_container(deployment):
@@ -384,8 +597,16 @@ def main():
         "--same-as-shipped", nargs=2, action="append", default=[], metavar=("SHAPE", "FILE"),
         help="a rendering with the kustomize manifests' example values; must match them",
     )
+    parser.add_argument(
+        "--prometheus-rule", nargs=3, action="append", default=[], metavar=("MARGIN", "JOB", "FILE"),
+        help="a rendering whose PrometheusRule must be alerts.yaml's with this margin and job",
+    )
+    parser.add_argument(
+        "--no-monitoring-api", nargs=2, action="append", default=[], metavar=("SHAPE", "FILE"),
+        help="a rendering for a cluster without monitoring.coreos.com: none of it may render",
+    )
     args = parser.parse_args()
-    for shape, _ in args.render + args.same_as_shipped:
+    for shape, _ in args.render + args.same_as_shipped + args.no_monitoring_api:
         if shape not in CHART_KINDS:
             parser.error(f"unknown shape {shape!r} (one of {', '.join(shapes)})")
 
@@ -402,7 +623,9 @@ def main():
     for path in sorted(DEPLOY.rglob("*.yaml")):
         # The chart's templates are not YAML; its renderings come in through --render.
         # deploy/clouds/ holds templates with ${VAR} placeholders: check_clouds.py.
-        if testdata in path.parents or path in patches or path in json_patches or CHART in path.parents or CLOUDS in path.parents:
+        # deploy/monitoring/ holds a Prometheus rule file: the PrometheusRule checks use it.
+        if (testdata in path.parents or path in patches or path in json_patches
+                or CHART in path.parents or CLOUDS in path.parents or MONITORING in path.parents):
             continue
         for i, d in enumerate(docs(path)):
             if d["apiVersion"] in CORE_GROUPS:
@@ -437,6 +660,22 @@ def main():
         path = pathlib.Path(file)
         print(f"  chart render {path.name} ({shape}) against the kustomize manifests")
         check_same_as_shipped(shape, path, docs(path))
+    for margin, job, file in args.prometheus_rule:
+        path = pathlib.Path(file)
+        print(f"  chart render {path.name}: PrometheusRule against monitoring/alerts.yaml "
+              f"(margin {margin}, job {job})")
+        where = f"chart render {path.name}"
+        rules = by_kind(docs(path), "PrometheusRule")
+        if len(rules) != 1:
+            fail(f"{where}: expected one PrometheusRule, found {len(rules)}")
+        for rule in rules:
+            check_prometheus_rule(where, rule, int(margin), job)
+            if (int(margin), job) == (600, "regbroker") and rule["spec"]["groups"] != alert_groups():
+                fail(f"{where}: with the defaults, the PrometheusRule's groups must be alerts.yaml's")
+    for shape, file in args.no_monitoring_api:
+        path = pathlib.Path(file)
+        print(f"  chart render {path.name} ({shape}) without the monitoring.coreos.com API")
+        check_without_monitoring_api(shape, path, docs(path))
 
     for path, d in others:
         rel = path.relative_to(DEPLOY)

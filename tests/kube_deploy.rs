@@ -1,14 +1,16 @@
 //! Everything `deploy/` ships is accepted by a real kube-apiserver (tests/control_plane)
-//! with a server-side dry run, Flux's CRDs installed: every kustomize output
-//! (`kubectl kustomize`) and every rendering of the Helm chart (`helm template` with its
-//! defaults, each `ci/` values file, and the sidecar shape). The API server applies its
-//! own validation, defaulting and admission, which no offline schema check reproduces.
+//! with a server-side dry run, Flux's and the Prometheus Operator's CRDs installed: every
+//! kustomize output (`kubectl kustomize`) and every rendering of the Helm chart (`helm
+//! template` with its defaults, each `ci/` values file, the sidecar shape, and the
+//! monitoring objects in both shapes). The API server applies its own validation,
+//! defaulting and admission, which no offline schema check reproduces.
 //! The per-cloud guides' Kubernetes documents (`deploy/clouds/`: the Flux sources and the
 //! ServiceAccounts), rendered for each shape as the guides' heredocs render them, get the
 //! same dry run; deploy/check_clouds.py checks what they name against the manifests.
 //!
-//! Needs kube-apiserver, etcd, kubectl, helm and the source-controller CRDs from
-//! scripts/peers.sh: ignored by plain `cargo test`, run by scripts/test.sh.
+//! Needs kube-apiserver, etcd, kubectl, helm, the source-controller CRDs and the
+//! Prometheus Operator's CRDs from scripts/peers.sh: ignored by plain `cargo test`, run by
+//! scripts/test.sh.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -97,11 +99,79 @@ fn install_flux_crds(cp: &ControlPlane) {
     assert!(ok, "Flux's CRDs not established: {err}");
 }
 
+/// The Prometheus Operator's ServiceMonitor, PodMonitor and PrometheusRule CRDs, from the
+/// directory scripts/peers.sh extracted them to, installed and established.
+fn install_prometheus_operator_crds(cp: &ControlPlane) {
+    let crds = cp.peers.get("prometheus-operator-crds").to_path_buf();
+    let (ok, _, err) = cp.kubectl(
+        &["apply", "--server-side", "-f", crds.to_str().unwrap()],
+        "",
+    );
+    assert!(ok, "installing the Prometheus Operator's CRDs: {err}");
+    let (ok, _, err) = cp.kubectl(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/podmonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+        ],
+        "",
+    );
+    assert!(ok, "the Prometheus Operator's CRDs not established: {err}");
+}
+
+/// What `helm template` needs to render the chart's ServiceMonitor and PrometheusRule: the
+/// kinds a cluster with the Prometheus Operator's CRDs serves (`helm template` knows none).
+const MONITORING_APIS: [&str; 4] = [
+    "--api-versions",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "--api-versions",
+    "monitoring.coreos.com/v1/PrometheusRule",
+];
+
+/// The chart's monitoring objects, all on.
+const MONITORING_ON: [&str; 6] = [
+    "--set",
+    "serviceMonitor.enabled=true",
+    "--set",
+    "prometheusRule.enabled=true",
+    "--set",
+    "grafanaDashboard.enabled=true",
+];
+
+/// How many documents of `yaml` are of kind `kind`.
+fn count_kind(yaml: &str, kind: &str) -> usize {
+    yaml.lines()
+        .filter(|l| *l == format!("kind: {kind}"))
+        .count()
+}
+
+/// One `helm template` of the chart: what it is, its arguments, and whether its
+/// ServiceMonitor and PrometheusRule must be there (`None`: whatever the values say).
+struct Rendering {
+    what: String,
+    args: Vec<String>,
+    monitoring: Option<bool>,
+}
+
+impl Rendering {
+    fn new(what: &str, args: &[&[&str]], monitoring: Option<bool>) -> Rendering {
+        Rendering {
+            what: what.into(),
+            args: args.concat().iter().map(|a| a.to_string()).collect(),
+            monitoring,
+        }
+    }
+}
+
 #[test]
-#[ignore = "needs etcd, kube-apiserver, kubectl, helm and Flux's CRDs from scripts/peers.sh; run scripts/test.sh"]
+#[ignore = "needs etcd, kube-apiserver, kubectl, helm, Flux's and the Prometheus Operator's CRDs from scripts/peers.sh; run scripts/test.sh"]
 fn every_manifest_and_chart_rendering_passes_a_server_side_dry_run() {
     let cp = ControlPlane::shared();
     install_flux_crds(cp);
+    install_prometheus_operator_crds(cp);
     // deploy/standalone's consumer namespace, which its README says must exist.
     let (ok, _, err) = cp.kubectl(&["create", "namespace", "apps"], "");
     assert!(ok || err.contains("AlreadyExists"), "{err}");
@@ -152,31 +222,95 @@ fn every_manifest_and_chart_rendering_passes_a_server_side_dry_run() {
     // The e2e runner pod.
     accepted += dry_run(cp, "deploy/e2e/runner.yaml", &runner);
 
-    // The Helm chart: defaults, the sidecar shape, and every ci/ values file.
+    // The Helm chart: defaults, the sidecar shape, every ci/ values file, and the
+    // monitoring objects in both shapes, for a cluster serving the Prometheus Operator's
+    // kinds (as this one does) and for one that does not.
     let helm = cp.peers.get("helm").to_path_buf();
     let chart = deploy().join("chart/regbroker");
     let chart = chart.to_str().unwrap();
-    let mut renderings: Vec<(String, Vec<String>)> = vec![
-        ("chart defaults".into(), vec![]),
-        (
-            "chart sidecar shape".into(),
-            vec!["--set".into(), "mode=sourceControllerSidecar".into()],
+    let sidecar: &[&str] = &["--set", "mode=sourceControllerSidecar"];
+    let mut renderings = vec![
+        Rendering::new("chart defaults", &[&MONITORING_APIS], Some(false)),
+        Rendering::new(
+            "chart sidecar shape",
+            &[sidecar, &MONITORING_APIS],
+            Some(false),
+        ),
+        Rendering::new(
+            "chart with monitoring",
+            &[&MONITORING_ON, &MONITORING_APIS],
+            Some(true),
+        ),
+        Rendering::new(
+            "chart sidecar shape with monitoring",
+            &[
+                sidecar,
+                &MONITORING_ON,
+                &["--set", "serviceMonitor.sidecarNetworkPolicy=true"],
+                &MONITORING_APIS,
+            ],
+            Some(true),
+        ),
+        // No monitoring.coreos.com API: the chart leaves its kinds out (and the Service
+        // only the ServiceMonitor needs); the dashboard ConfigMap needs no API of its own.
+        Rendering::new(
+            "chart with monitoring, no monitoring API",
+            &[&MONITORING_ON],
+            Some(false),
+        ),
+        Rendering::new(
+            "chart sidecar shape with monitoring, no monitoring API",
+            &[sidecar, &MONITORING_ON],
+            Some(false),
         ),
     ];
     for entry in std::fs::read_dir(deploy().join("chart/regbroker/ci")).unwrap() {
         let p = entry.unwrap().path();
-        renderings.push((
-            format!("chart with {}", p.file_name().unwrap().to_string_lossy()),
-            vec!["-f".into(), p.to_str().unwrap().into()],
+        renderings.push(Rendering::new(
+            &format!("chart with {}", p.file_name().unwrap().to_string_lossy()),
+            &[&["-f", p.to_str().unwrap()], &MONITORING_APIS],
+            None,
         ));
     }
-    assert!(renderings.len() >= 4, "ci/ values files are missing");
-    for (what, extra) in &renderings {
+    assert!(renderings.len() >= 8, "ci/ values files are missing");
+    let mut monitoring_objects = 0;
+    for Rendering {
+        what,
+        args: extra,
+        monitoring,
+    } in &renderings
+    {
         let mut args = vec!["template", "regbroker", chart, "--namespace", "regbroker"];
         args.extend(extra.iter().map(String::as_str));
         let rendered = run(&helm, &args);
+        let monitors = count_kind(&rendered, "ServiceMonitor");
+        let rules = count_kind(&rendered, "PrometheusRule");
+        match monitoring {
+            Some(true) => assert!(
+                monitors == 1 && rules == 1 && count_kind(&rendered, "Service") == 1,
+                "{what}: expected a ServiceMonitor, its Service and a PrometheusRule:\n{rendered}"
+            ),
+            Some(false) => assert!(
+                !rendered.contains("apiVersion: monitoring.coreos.com/")
+                    && count_kind(&rendered, "Service") == 0,
+                "{what}: rendered monitoring.coreos.com objects or their Service:\n{rendered}"
+            ),
+            None => {}
+        }
+        if extra.iter().any(|a| a == "grafanaDashboard.enabled=true") {
+            assert!(
+                rendered.contains("  regbroker.json: |"),
+                "{what}: no dashboard ConfigMap:\n{rendered}"
+            );
+        }
+        monitoring_objects += monitors + rules;
         accepted += dry_run(cp, what, &rendered);
     }
+    // The ci/ values files turn them on too: 2 renderings above, 2 ci files.
+    assert!(
+        monitoring_objects >= 8,
+        "only {monitoring_objects} ServiceMonitors and PrometheusRules were rendered"
+    );
     eprintln!("server-side dry run accepted {accepted} objects");
 }
 

@@ -254,3 +254,48 @@ The leader election Lease's name (standalone): leaderElection.leaseName, else th
 {{- define "regbroker.leaseName" -}}
 {{- .Values.leaderElection.leaseName | default (include "regbroker.fullname" .) }}
 {{- end }}
+
+{{/*
+Monitoring (serviceMonitor, prometheusRule). The Prometheus job regbroker's pods are
+scraped as: the ServiceMonitor's jobLabel is app.kubernetes.io/name, so the job is the
+chart name (`regbroker`, the job deploy/monitoring/alerts.yaml expects) unless
+nameOverride changes it, and the PrometheusRule's RegbrokerTargetMissing follows.
+*/}}
+{{- define "regbroker.jobName" -}}
+{{- include "regbroker.name" . }}
+{{- end }}
+
+{{/*
+The Service the ServiceMonitor scrapes (a DNS label: the suffix always fits).
+*/}}
+{{- define "regbroker.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "regbroker.fullname" . | trunc 55 | trimSuffix "-") }}
+{{- end }}
+
+{{/*
+"true" when the ServiceMonitor (resp. PrometheusRule) renders: enabled, a shape with
+resources (not the patches), and a cluster serving the Prometheus Operator's kind.
+*/}}
+{{- define "regbroker.serviceMonitor" -}}
+{{- if and .Values.serviceMonitor.enabled (ne (include "regbroker.shape" .) "sidecarPatch") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/ServiceMonitor") }}
+{{- print "true" }}
+{{- end }}
+{{- end }}
+
+{{- define "regbroker.prometheusRule" -}}
+{{- if and .Values.prometheusRule.enabled (ne (include "regbroker.shape" .) "sidecarPatch") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1/PrometheusRule") }}
+{{- print "true" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The labels of the pods the metrics Service selects: regbroker's own (standalone), or
+source-controller's, which carry the sidecar (sourceControllerSidecar.podSelector).
+*/}}
+{{- define "regbroker.metricsPodSelector" -}}
+{{- if eq .Values.mode "sourceControllerSidecar" }}
+{{- toYaml .Values.sourceControllerSidecar.podSelector }}
+{{- else }}
+{{- include "regbroker.selectorLabels" . }}
+{{- end }}
+{{- end }}
