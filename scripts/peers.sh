@@ -3,7 +3,7 @@
 # section 7), or finds them in the cache, and prints one NAME=PATH line per peer on stdout:
 #   kube-apiserver=...  kube-controller-manager=...  kubectl=...  etcd=...
 #   source-controller=...  source-controller-crds=DIR  helm=...  actionlint=...
-#   prometheus=...  promtool=...  prometheus-operator-crds=DIR
+#   prometheus=...  promtool=...  prometheus-operator-crds=DIR  registry-token-server=...
 # Everything else (progress, build times, errors) goes to stderr.
 #
 # Usage: scripts/peers.sh [--only NAME[,NAME...]] [--print-versions] [--help]
@@ -35,6 +35,12 @@
 #   prometheus --config.file=C --storage.tsdb.path=D/data --web.listen-address=127.0.0.1:P \
 #     --scrape.discovery-reload-interval=1s
 #   promtool check metrics <EXPOSITION (stdin only; exit 0 clean, 3 lint problems, 1 error)
+# Verified token auth (registry-token-server: distribution's own token server, plain HTTP on
+# loopback; K an "EC PRIVATE KEY" or "RSA PRIVATE KEY" PEM, not PKCS#8, C a self-signed cert
+# of K; H a bcrypt htpasswd; tokens are only granted for repositories named USER/...):
+#   registry-token-server -addr 127.0.0.1:P -issuer I -realm R -passwd H -key K
+#   docker-registry serve CONFIG, CONFIG with auth: token: {realm: http://127.0.0.1:P/token/,
+#     service: S, issuer: I, rootcertbundle: C}; the realm path is /token/, slash included
 set -euo pipefail
 
 # --- Pinned versions: the only place to change them -------------------------------------
@@ -60,10 +66,22 @@ PROMETHEUS_VERSION=v0.316.0
 # example/prometheus-operator-crd/): newest the proxy serves; it refuses v0.95.0-v0.95.2
 # (403, "not available"), and only pkg/apis/monitoring (Go types, no CRD YAML) has those.
 PROMETHEUS_OPERATOR_VERSION=v0.94.1
+# github.com/docker/distribution (contrib/token-server: the registry token server of the
+# distribution project, Docker token auth with htpasswd users); v2.8.3+incompatible, the
+# newest of that module and the release line of Debian's docker-registry (2.8.2); the
+# token server is gone from github.com/distribution/distribution/v3, and the proxy refuses
+# every version of github.com/cesanta/docker_auth/auth_server (403, "not available").
+REGISTRY_TOKEN_SERVER_VERSION=v2.8.3+incompatible
+# Its zip has no go.mod, so `go get` would take the newest of each import; these pin the
+# ones that built and passed the loopback handshake (same path, fixed version).
+REGISTRY_TOKEN_SERVER_REPLACES="github.com/gorilla/mux=github.com/gorilla/mux@v1.8.1
+  github.com/sirupsen/logrus=github.com/sirupsen/logrus@v1.10.2
+  github.com/docker/libtrust=github.com/docker/libtrust@v0.0.0-20160708172513-aabc10ec26b7
+  golang.org/x/crypto=golang.org/x/crypto@v0.59.0 golang.org/x/sys=golang.org/x/sys@v0.50.0"
 # -----------------------------------------------------------------------------------------
 
 ALL_PEERS=(kube-apiserver kube-controller-manager kubectl etcd source-controller source-controller-crds helm actionlint
-  prometheus promtool prometheus-operator-crds)
+  prometheus promtool prometheus-operator-crds registry-token-server)
 PEERS_DIR=${REGBROKER_PEERS_DIR:-$HOME/.cache/regbroker-peers}
 LOG_DIR=$PEERS_DIR/logs
 
@@ -84,6 +102,7 @@ version_of() {
     actionlint) echo "$ACTIONLINT_VERSION" ;;
     prometheus | promtool) echo "$PROMETHEUS_VERSION" ;;
     prometheus-operator-crds) echo "$PROMETHEUS_OPERATOR_VERSION" ;;
+    registry-token-server) echo "$REGISTRY_TOKEN_SERVER_VERSION" ;;
     *) return 1 ;;
   esac
 }
@@ -114,6 +133,7 @@ while (($#)); do
     --print-versions)
       for p in "${ALL_PEERS[@]}"; do printf '%s=%s\n' "$p" "$(version_of "$p")"; done
       printf 'source-controller-replaces=%s\n' "$SOURCE_CONTROLLER_REPLACES"
+      printf 'registry-token-server-replaces=%s\n' "$(xargs <<<"$REGISTRY_TOKEN_SERVER_REPLACES")"
       exit 0
       ;;
     -h | --help)
@@ -358,6 +378,12 @@ build_peer() {
         "$out" "$logf" || fail_peer "$name" "$ver" "$logf"
       check=(--version)
       ;;
+    registry-token-server)
+      scratch_build registry-token-server github.com/docker/distribution "$ver" "$ver" \
+        github.com/docker/distribution/contrib/token-server "-s -w" "$out" "$logf" \
+        "$REGISTRY_TOKEN_SERVER_REPLACES" || fail_peer "$name" "$ver" "$logf"
+      check=(-help)
+      ;;
     prometheus-operator-crds)
       # ServiceMonitor, PodMonitor and PrometheusRule only (the v1 CRDs of bundle.yaml).
       local dir crd f
@@ -400,7 +426,7 @@ build_peer() {
     fail_peer "$name" "$ver" "$logf"
   fi
   case $name in
-    source-controller) log "$name --help works" ;;
+    source-controller | registry-token-server) log "$name ${check[*]} works" ;;
     *) log "$name ${check[*]}: $(head -n 3 <<<"$version_out" | tr '\n' ' ')" ;;
   esac
   install_dir "$name" "$out" "$final"

@@ -77,6 +77,7 @@ pub struct Metrics {
     pub last_fetches: crate::broker::status::LastFetches,
     leader_transitions: Family<TransitionLabels, Counter>,
     sink_writes: Family<KindLabels, Counter>,
+    registry_checks: Family<ResultLabels, Counter>,
     /// Each sink's record since start, for `/readyz?verbose`, `GET /v1/providers` and
     /// the `regbroker_sink_*` and `regbroker_credential_*` series.
     pub sinks: Arc<crate::sinks::status::Sinks>,
@@ -162,6 +163,12 @@ impl Metrics {
             "Writes of a sink that changed it, by kind (docker_config, secret, registry_credential: a RegistryCredential's Secret)",
             sink_writes.clone(),
         );
+        let registry_checks = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "registry_checks",
+            "Checks of a fetched credential with its registry before a sink writes it, by result (accepted, refused, skipped: the registry could not say)",
+            registry_checks.clone(),
+        );
         let sinks = Arc::new(crate::sinks::status::Sinks::default());
         let health = Arc::new(health::Health::new(sinks.clone()));
         registry.register_collector(Box::new(health.clone()));
@@ -179,6 +186,7 @@ impl Metrics {
             last_fetches: Default::default(),
             leader_transitions,
             sink_writes,
+            registry_checks,
             sinks,
             health,
         }
@@ -225,6 +233,13 @@ impl Metrics {
     /// Counts a write that changed a sink of `kind`.
     pub fn sink_write(&self, kind: &'static str) {
         self.sink_writes.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    /// Counts a registry check (`accepted`, `refused`, `skipped`).
+    pub fn registry_check(&self, result: &'static str) {
+        self.registry_checks
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     /// Counts an HTTP request.

@@ -495,7 +495,7 @@ async fn a_wrong_method_gets_the_json_error_body_and_allow() {
             reqwest::Method::POST,
             "/v1/credentials?registry=a.fake.test",
         ),
-        (reqwest::Method::DELETE, "/v1/credentials"),
+        (reqwest::Method::PUT, "/v1/credentials"),
         (reqwest::Method::PUT, "/v1/providers"),
         (reqwest::Method::POST, "/healthz"),
         (reqwest::Method::PATCH, "/metrics"),

@@ -79,6 +79,11 @@ pub struct Config {
     /// The longest such pause.
     #[serde(with = "humantime_serde")]
     pub max_failure_backoff: Duration,
+    /// A client's report of a refused credential (`DELETE /v1/credentials`, the helper's
+    /// `erase`) makes the next request fetch anew at most once per this interval per
+    /// credential; within it the report is answered `429` with `Retry-After`.
+    #[serde(with = "humantime_serde")]
+    pub refetch_interval: Duration,
 }
 
 impl Default for Config {
@@ -96,6 +101,7 @@ impl Default for Config {
             fetch_timeout: Duration::from_secs(30),
             failure_backoff: Duration::from_secs(1),
             max_failure_backoff: Duration::from_secs(30),
+            refetch_interval: Duration::from_secs(30),
         }
     }
 }
@@ -116,6 +122,7 @@ impl Config {
             ("fetch_timeout", self.fetch_timeout),
             ("failure_backoff", self.failure_backoff),
             ("max_failure_backoff", self.max_failure_backoff),
+            ("refetch_interval", self.refetch_interval),
         ] {
             if d > MAX_SETTING {
                 return Err(format!(
@@ -292,6 +299,8 @@ pub trait Persist: Send + Sync + std::fmt::Debug {
     fn load(&self, key: &Key) -> Option<Entry>;
     /// Stores `entry` for `key`. Errors are logged, never fatal.
     fn store(&self, key: &Key, entry: &Entry);
+    /// Forgets `key`'s entry. Errors are logged, never fatal.
+    fn forget(&self, key: &Key);
 }
 
 /// The last failure for a key: answered without asking upstream until `until`.
@@ -551,6 +560,33 @@ impl Cache {
                 }
                 _ => Err(err),
             },
+        }
+    }
+
+    /// Drops `key`'s credential of `lifetime` (the registry refused it; a newer one
+    /// stays) and holds the next fetch back as after the `consecutive`-th failure in a
+    /// row, answering `error` meanwhile.
+    pub async fn refuse(&self, key: &Key, lifetime: Lifetime, consecutive: u32, error: Arc<Error>) {
+        if let Some(e) = self.entries.get(key).await
+            && e.lifetime == lifetime
+        {
+            self.entries.invalidate(key).await;
+        }
+        let pause = failure_pause(&self.config, consecutive, 0.5 + fastrand::f64() / 2.0);
+        let failure = Failure {
+            until: self.clock.now() + pause,
+            consecutive,
+            error,
+        };
+        self.failures.insert(key.clone(), failure).await;
+    }
+
+    /// Drops `key`'s credential, so the next lookup fetches anew (a client reported it
+    /// refused).
+    pub async fn forget(&self, key: &Key) {
+        self.entries.invalidate(key).await;
+        if let Some(p) = &self.persist {
+            p.forget(key);
         }
     }
 
@@ -1560,6 +1596,7 @@ mod tests {
                 Some(self.0.clone())
             }
             fn store(&self, _key: &Key, _entry: &Entry) {}
+            fn forget(&self, _key: &Key) {}
         }
 
         #[tokio::test(start_paused = true)]

@@ -92,6 +92,17 @@ struct RawRule {
     source: toml::Spanned<String>,
     #[serde(default)]
     options: Options,
+    /// Check a fetched credential with the registry before a sink writes it.
+    #[serde(default = "yes")]
+    check: bool,
+    /// Token realm hosts besides the registry's own that may receive the credential
+    /// during the check.
+    #[serde(default)]
+    check_realms: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Validated configuration: plain data.
@@ -165,7 +176,12 @@ pub fn parse(text: &str, providers: &Providers) -> Result<Config, String> {
                 ));
             }
         }
-        rules.push(Rule { pattern, source });
+        let check = check_policy(raw.check, raw.check_realms).map_err(at)?;
+        rules.push(Rule {
+            pattern,
+            source,
+            check,
+        });
     }
     let mut secrets: Vec<SecretEntry> = Vec::with_capacity(file.secrets.len());
     for raw in file.secrets {
@@ -187,6 +203,31 @@ pub fn parse(text: &str, providers: &Providers) -> Result<Config, String> {
         cache: file.cache,
         router: Router::new(rules),
         secrets,
+    })
+}
+
+/// A rule's `check` and `check_realms`: each realm a host or `host:port` as a registry
+/// name is written, and only where the check is on.
+fn check_policy(enabled: bool, realms: Vec<String>) -> Result<super::check::Policy, String> {
+    if !enabled && !realms.is_empty() {
+        return Err("check_realms is set but check = false: the realms would never be used".into());
+    }
+    let mut out = Vec::with_capacity(realms.len());
+    for realm in realms {
+        let r = regbroker_provider::Registry::parse(&realm)
+            .ok()
+            .filter(|r| r.as_str() == realm.to_ascii_lowercase())
+            .ok_or_else(|| {
+                format!(
+                    "check_realms: {:?} is not a host or host:port (no scheme, no path)",
+                    realm.chars().take(100).collect::<String>()
+                )
+            })?;
+        out.push(r.as_str().to_string());
+    }
+    Ok(super::check::Policy {
+        enabled,
+        realms: out,
     })
 }
 

@@ -16,7 +16,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::FutureExt;
 use regbroker_provider::{
@@ -24,6 +24,7 @@ use regbroker_provider::{
 };
 
 pub mod cache;
+pub mod check;
 pub mod config;
 pub mod providers;
 pub mod routing;
@@ -86,6 +87,20 @@ pub struct Served {
     pub source: &'static str,
     /// When the cache refreshes it and stops serving it; `None` for a static entry.
     pub lifetime: Option<cache::Lifetime>,
+    /// The cache key it was served from; `None` for a static entry.
+    pub key: Option<cache::Key>,
+}
+
+/// What [`Broker::report_refused`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reported {
+    /// The cached credential is gone: the next request fetches anew.
+    Forgotten,
+    /// A report for this credential was taken within `refetch_interval`: try again after
+    /// this long.
+    TooSoon(Duration),
+    /// A static entry serves the registry: nothing can be fetched anew.
+    Static,
 }
 
 /// Why no credential was served.
@@ -146,6 +161,7 @@ pub struct Broker {
     router: Router,
     providers: Providers,
     cache: Cache,
+    checks: check::Checks,
     metrics: Arc<Metrics>,
     clock: SharedClock,
 }
@@ -165,8 +181,105 @@ impl Broker {
             router,
             providers,
             cache: Cache::new(cache_config, clock.clone()).with_metrics(metrics.clone()),
+            checks: check::Checks::default(),
             metrics,
             clock,
+        }
+    }
+
+    /// A client's report that `registry`'s credential was refused (`DELETE
+    /// /v1/credentials`, the helper's `erase`): the cached one is dropped so the next
+    /// request fetches anew (one fetch, however many clients ask), at most once per
+    /// `refetch_interval` per credential.
+    pub async fn report_refused(&self, registry: &Registry) -> Result<Reported, BrokerError> {
+        match self.decide(registry).route {
+            Route::Static(_) => Ok(Reported::Static),
+            Route::NotConfigured(message) => Err(BrokerError::NotConfigured(message)),
+            Route::Failed(provider, error) => Err(BrokerError::Provider {
+                provider,
+                error: Arc::new(error),
+            }),
+            Route::Provider(provider, target) => {
+                let key = cache::Key {
+                    provider: provider.name(),
+                    scope: target.scope().to_string(),
+                };
+                let interval = self.cache.config().refetch_interval;
+                if let Some(wait) = self.checks.refetch(&key, self.clock.now(), interval) {
+                    return Ok(Reported::TooSoon(wait));
+                }
+                self.cache.forget(&key).await;
+                tracing::info!(%registry, provider = key.provider, "A client reported the credential refused: the next request fetches anew");
+                Ok(Reported::Forgotten)
+            }
+        }
+    }
+
+    /// Asks `served`'s registry whether it accepts the credential, with the rule's
+    /// realms, whatever its `check` setting and without touching the cache: `doctor`.
+    pub async fn verify(&self, served: &Served) -> check::Verdict {
+        let policy = self.check_policy(&served.registry);
+        self.checks
+            .check(&served.registry, &served.credential, &policy)
+            .await
+    }
+
+    /// What the rule routing `registry` says about checking it (the default, on, for a
+    /// registry no rule names).
+    pub fn check_policy(&self, registry: &Registry) -> check::Policy {
+        self.router
+            .route(registry)
+            .map(|(_, r)| r.check.clone())
+            .unwrap_or_default()
+    }
+
+    /// `served` once its registry accepted it, as a client logging in would be
+    /// ([`check`]): the sinks call this before writing a credential. A provider
+    /// credential is checked once per registry and fetch; a static entry, a rule with
+    /// `check = false`, or a check that could not decide lets it through. A refused one is
+    /// dropped from the cache, its next fetch held back by the failure pause (longer with
+    /// each refusal in a row), and answered as a `credential_rejected` error.
+    pub async fn checked(&self, served: Served) -> Result<Served, BrokerError> {
+        let (Some(key), Some(lifetime)) = (served.key.clone(), served.lifetime) else {
+            return Ok(served);
+        };
+        let registry = &served.registry;
+        let policy = self.check_policy(registry);
+        let now = self.clock.now();
+        if !policy.enabled || self.checks.done(&key, registry, lifetime, now) {
+            return Ok(served);
+        }
+        let verdict = self
+            .checks
+            .check(registry, &served.credential, &policy)
+            .await;
+        self.metrics.registry_check(verdict.as_str());
+        let provider = served.source;
+        match verdict {
+            check::Verdict::Accepted(status) => {
+                tracing::info!(%registry, provider, status, "The registry accepted the credential");
+                self.checks.record(&key, registry, lifetime, false);
+                Ok(served)
+            }
+            check::Verdict::Skipped(why) => {
+                tracing::warn!(%registry, provider, reason = %why, "Registry check skipped; the credential is written unchecked");
+                self.checks.record(&key, registry, lifetime, false);
+                Ok(served)
+            }
+            check::Verdict::Refused(status) => {
+                let refusals = self.checks.record(&key, registry, lifetime, true);
+                tracing::warn!(%registry, provider, status, refusals, "The registry refused the credential: not writing it; fetching anew after the failure pause");
+                let error = Arc::new(regbroker_provider::Error::new(
+                    ErrorKind::CredentialRejected,
+                    format!(
+                        "{registry} refused the credential {provider} issued (HTTP {status}); fetching anew after a pause"
+                    ),
+                ));
+                self.cache
+                    .refuse(&key, lifetime, refusals, error.clone())
+                    .await;
+                Err(BrokerError::Provider { provider, error })
+            }
         }
     }
 
@@ -330,6 +443,7 @@ impl Broker {
                     credential,
                     source: "static",
                     lifetime: None,
+                    key: None,
                 })
             }
             Route::NotConfigured(message) => Err(BrokerError::NotConfigured(message)),
@@ -379,6 +493,7 @@ impl Broker {
                             credential: entry.credential.clone(),
                             source: name,
                             lifetime: Some(entry.lifetime),
+                            key: Some(key),
                         })
                     }
                     Err(error) => Err(BrokerError::Provider {
@@ -566,6 +681,7 @@ mod tests {
                 name: "refusing".into(),
                 options: Options::default(),
             },
+            check: Default::default(),
         };
         let metrics = Arc::new(Metrics::new());
         let broker = Broker::new(

@@ -174,6 +174,9 @@ pub struct Rule {
     pub pattern: Pattern,
     /// What serves the match.
     pub source: Source,
+    /// Whether the sinks check a fetched credential with the registry before writing it,
+    /// and which token realms besides the registry's host may receive it.
+    pub check: super::check::Policy,
 }
 
 /// Ordered routing rules.
@@ -336,6 +339,7 @@ mod tests {
         let rule = |p: &str, s: Source| Rule {
             pattern: Pattern::parse(p).unwrap(),
             source: s,
+            check: Default::default(),
         };
         let router = Router::new(vec![
             rule("special.example.com", Source::None),

@@ -313,7 +313,7 @@ async fn registry_section(
         _ => findings.push(Finding::info("registry.route", route_detail)),
     }
     let served = tokio::time::timeout(timeout * 2, broker.serve(registry, decision.route)).await;
-    findings.push(match served {
+    findings.push(match &served {
         Err(_) => Finding::fail(
             "registry.exchange",
             format!("no credential within {}", human(timeout * 2)),
@@ -340,10 +340,39 @@ async fn registry_section(
             )
         }
     });
+    if let Ok(Ok(s)) = &served {
+        findings.push(registry_check(broker, s).await);
+    }
     Section {
         title: format!("registry {registry}"),
         meta,
         findings,
+    }
+}
+
+/// The registry's own verdict on the credential (`registry.check`), as the sinks ask it
+/// before writing.
+async fn registry_check(broker: &Broker, served: &crate::broker::Served) -> Finding {
+    use crate::broker::check::Verdict;
+    let enabled = broker.check_policy(&served.registry).enabled;
+    let off = if enabled {
+        ""
+    } else {
+        " (the rule has check = false: the sinks do not ask)"
+    };
+    match broker.verify(served).await {
+        Verdict::Accepted(status) => Finding::pass(
+            "registry.check",
+            format!("the registry accepted the credential (HTTP {status}){off}"),
+        ),
+        Verdict::Refused(status) => Finding::fail(
+            "registry.check",
+            format!("the registry refused the credential (HTTP {status}){off}"),
+            "the identity got a credential the registry does not take: check its permissions on this registry (ECR: the repository policy and ecr:BatchGetImage; ACR: AcrPull on this registry; Artifact Registry: roles/artifactregistry.reader on the repository), or for a static entry, rotate the password in its docker config",
+        ),
+        Verdict::Skipped(why) => {
+            Finding::skip("registry.check", format!("not checked: {why}{off}"))
+        }
     }
 }
 

@@ -747,7 +747,7 @@ impl Context {
         workload: &regbroker_provider::WorkloadIdentity,
         refetch: bool,
     ) -> Result<crate::broker::Served, BrokerError> {
-        if refetch {
+        let served = if refetch {
             self.broker
                 .refetched_contextual_credential_for(registry, workload)
                 .await
@@ -755,7 +755,9 @@ impl Context {
             self.broker
                 .fresh_contextual_credential_for(registry, workload)
                 .await
-        }
+        }?;
+        // A credential the registry refuses is never written (CredentialRejected).
+        self.broker.checked(served).await
     }
 
     /// Fetches every registry and writes the Secret; on the first look in a term, keeps

@@ -209,7 +209,8 @@ impl Backend {
                             dir.display()
                         )
                     })?
-                    .with_fallback_ttl(broker.cache().config().fallback_ttl);
+                    .with_fallback_ttl(broker.cache().config().fallback_ttl)
+                    .with_refetch_interval(broker.cache().config().refetch_interval);
                 Arc::new(
                     Arc::into_inner(broker)
                         .ok_or("broker is shared")?
@@ -268,6 +269,24 @@ impl Backend {
             )
             .await
             .map_err(|_| format!("regbroker sidecar did not answer within {SIDECAR_TIMEOUT:?}"))?,
+        }
+    }
+
+    /// A client's report that `registry` refused the credential it got (the helper's
+    /// `erase`): the in-process broker forgets it, its disk cache record included, so the
+    /// next lookup fetches anew (at most once per `refetch_interval`). A sidecar backend
+    /// is not asked (`DELETE /v1/credentials` is its own).
+    pub async fn report_refused(&self, registry: &Registry) -> Result<(), String> {
+        match self {
+            Backend::InProcess(broker) => match broker.report_refused(registry).await {
+                Ok(done) => {
+                    tracing::debug!(?done, "Refused credential reported");
+                    Ok(())
+                }
+                Err(BrokerError::NotConfigured(_)) => Ok(()),
+                Err(e) => Err(e.to_string()),
+            },
+            Backend::Sidecar(..) => Ok(()),
         }
     }
 

@@ -98,6 +98,8 @@ pub struct DiskCache {
     /// The furthest ahead of now a record may say it is served (or its credential
     /// expires): see [`DiskCache::with_fallback_ttl`].
     horizon: Duration,
+    /// See [`DiskCache::with_refetch_interval`].
+    refetch_interval: Duration,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -262,7 +264,16 @@ impl DiskCache {
             dir,
             clock,
             horizon: MAX_LIFETIME,
+            refetch_interval: Duration::from_secs(30),
         })
+    }
+
+    /// Forgets a record on a client's report (`erase`) only once it is at least
+    /// `interval` old (the cache's `refetch_interval`): a client that keeps reporting
+    /// cannot drive a fetch per invocation.
+    pub fn with_refetch_interval(mut self, interval: Duration) -> DiskCache {
+        self.refetch_interval = interval;
+        self
     }
 
     /// Also believes records of credentials without expiry kept for `fallback_ttl` (the
@@ -546,6 +557,33 @@ impl Persist for DiskCache {
 
     /// Writes the record, then sweeps: a write follows an upstream fetch, so the
     /// directory is cleaned at that cadence, a bounded amount each time.
+    fn forget(&self, key: &Key) {
+        use std::os::unix::fs::MetadataExt;
+        let path = self.path(key);
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            return;
+        };
+        if !meta.is_file() || meta.uid() != euid() {
+            return;
+        }
+        let age = meta
+            .modified()
+            .ok()
+            .and_then(|m| self.clock.now().duration_since(m).ok())
+            .unwrap_or(Duration::ZERO);
+        if age < self.refetch_interval {
+            tracing::info!(
+                provider = key.provider,
+                age_secs = age.as_secs(),
+                "Keeping the disk cache entry: fetched less than refetch_interval ago"
+            );
+            return;
+        }
+        if let Err(e) = remove_if_same(&path, &meta) {
+            tracing::warn!(dir = %self.dir.display(), provider = key.provider, error = %e, "Cannot remove disk cache entry");
+        }
+    }
+
     fn store(&self, key: &Key, entry: &Entry) {
         if let Err(e) = self.write(key, entry) {
             tracing::warn!(dir = %self.dir.display(), provider = key.provider, error = %e, "Cannot write disk cache entry");

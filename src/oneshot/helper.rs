@@ -6,8 +6,12 @@
 //!   `{"ServerURL":"...","Username":"...","Secret":"..."}`. A registry regbroker does not
 //!   serve answers exactly `credentials not found in native keychain`, which docker,
 //!   skopeo/containers-image, oras and helm read as "go anonymous".
-//! - `store`, `erase`: documented no-ops that succeed, so `docker login` / `logout` flows
-//!   do not break (regbroker's credentials come from identities and secrets, not logins).
+//! - `store`: a documented no-op that succeeds, so `docker login` flows do not break
+//!   (regbroker's credentials come from identities and secrets, not logins).
+//! - `erase`: the client's registry refused the credential (or `docker logout`): the
+//!   cached one is forgotten, its disk cache record too once at least `refetch_interval`
+//!   old, so the next `get` fetches anew. It always succeeds, so `logout` flows do not
+//!   break; what it could not do is logged.
 //! - `list`: `{"registry":"username",...}` for the static entries.
 //! - `version`: one line.
 //!
@@ -38,7 +42,8 @@ pub fn run(
 ) -> u8 {
     let result = match action {
         "get" => get(settings, stdin, stdout),
-        "store" | "erase" => {
+        "erase" => erase(settings, stdin),
+        "store" => {
             // Drain stdin so the caller does not see a broken pipe; ignore the content.
             let mut sink = Vec::new();
             let _ = stdin.take(MAX_INPUT).read_to_end(&mut sink);
@@ -100,6 +105,22 @@ fn get(
             writeln!(stdout, "{}", line.as_str()).map_err(|e| e.to_string().into())
         }
     }
+}
+
+fn erase(
+    settings: impl FnOnce() -> Result<Settings, String>,
+    stdin: &mut dyn Read,
+) -> Result<(), Failed> {
+    let server_url = read_server_url(stdin)?;
+    let Ok(registry) = Registry::parse(&server_url) else {
+        return Ok(());
+    };
+    let done = super::backend_from(settings)
+        .and_then(|backend| block_on(backend.report_refused(&registry))?.map_err(Failed::from));
+    if let Err(e) = done {
+        tracing::warn!(%registry, error = %e.message, "erase: the cached credential was not forgotten");
+    }
+    Ok(())
 }
 
 /// The `get` answer, fields in the order docker's own helpers print them.

@@ -48,7 +48,7 @@ impl From<BrokerError> for AppError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ErrorKind::TimedOut => StatusCode::GATEWAY_TIMEOUT,
-            ErrorKind::BadResponse => StatusCode::BAD_GATEWAY,
+            ErrorKind::BadResponse | ErrorKind::CredentialRejected => StatusCode::BAD_GATEWAY,
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         // Provider messages are written to be safe for clients; the cause chain, which

@@ -87,10 +87,13 @@ pub fn app(state: AppState) -> Router {
 
 /// The router.
 pub fn app_with(state: AppState, options: Options) -> Router {
-    let credentials_route = get(credentials).route_layer(middleware::from_fn_with_state(
-        options.bearer_token.clone(),
-        require_token,
-    ));
+    let credentials_route =
+        get(credentials)
+            .delete(refused)
+            .route_layer(middleware::from_fn_with_state(
+                options.bearer_token.clone(),
+                require_token,
+            ));
     let guard = Arc::new(Guard {
         in_flight: Semaphore::new(options.max_in_flight),
         timeout: options.request_timeout,
@@ -154,10 +157,44 @@ async fn count_requests(State(state): State<AppState>, req: Request, next: Next)
     response
 }
 
-async fn credentials(
+/// `DELETE /v1/credentials?registry=HOST`: the client's registry refused the credential
+/// it got. The cached one is dropped and the next `GET` fetches anew (single-flight),
+/// at most once per `refetch_interval` per credential (`429` with `Retry-After` within
+/// it). A static entry cannot be fetched anew (`409`); a registry nothing serves is
+/// `404` and a malformed one `400`, as for `GET`.
+async fn refused(
     State(state): State<AppState>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, AppError> {
+    let registry = registry_param(query)?;
+    match state.broker.report_refused(&registry).await? {
+        crate::broker::Reported::Forgotten => Ok(StatusCode::NO_CONTENT.into_response()),
+        crate::broker::Reported::TooSoon(wait) => {
+            let secs = wait.as_secs().max(1);
+            let mut res = AppError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                code: "refetch_too_soon",
+                message: format!(
+                    "{registry}'s credential was fetched anew on a report less than refetch_interval ago; try again in {secs} s"
+                ),
+            }
+            .into_response();
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            Ok(res)
+        }
+        crate::broker::Reported::Static => Err(AppError {
+            status: StatusCode::CONFLICT,
+            code: "static_credential",
+            message: format!(
+                "{registry} is served from a static entry, which cannot be fetched anew: update the docker config it comes from"
+            ),
+        }),
+    }
+}
+
+/// The one `registry` query parameter of `/v1/credentials`, parsed.
+fn registry_param(query: Option<String>) -> Result<Registry, AppError> {
     let query = query.unwrap_or_default();
     if query.len() > MAX_QUERY_LEN {
         return Err(AppError::bad_request(format!(
@@ -179,11 +216,18 @@ async fn credentials(
             ));
         }
     };
-    let registry = Registry::parse(raw).map_err(|e| AppError {
+    Registry::parse(raw).map_err(|e| AppError {
         status: StatusCode::BAD_REQUEST,
         code: "invalid_registry",
         message: e.to_string(),
-    })?;
+    })
+}
+
+async fn credentials(
+    State(state): State<AppState>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, AppError> {
+    let registry = registry_param(query)?;
     let served = state.broker.credential(&registry).await?;
     let expires = served
         .credential

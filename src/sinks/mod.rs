@@ -95,7 +95,11 @@ pub(crate) async fn pass(
     let mut next = MAX_SLEEP;
     let mut fetched = Vec::with_capacity(wanted.len());
     for registry in wanted {
-        let result = fetch(registry.clone()).await;
+        // A credential the registry refuses is never written: checked once per fetch.
+        let result = match fetch(registry.clone()).await {
+            Ok(served) => broker.checked(served).await,
+            Err(e) => Err(e),
+        };
         fetched.push((
             registry.clone(),
             result.as_ref().map_or_else(|e| e.kind().code(), |_| "ok"),

@@ -27,6 +27,10 @@ pub enum ErrorKind {
     /// regbroker itself has too much upstream work queued to take on more: try again
     /// shortly.
     Overloaded,
+    /// The cloud issued a credential, but the registry refused it when regbroker checked
+    /// it (or a client reported it refused): it is not served, and is fetched anew after
+    /// the failure pause.
+    CredentialRejected,
 }
 
 impl ErrorKind {
@@ -42,6 +46,7 @@ impl ErrorKind {
             ErrorKind::BadResponse => "upstream_bad_response",
             ErrorKind::InvalidConfig => "invalid_config",
             ErrorKind::Overloaded => "overloaded",
+            ErrorKind::CredentialRejected => "credential_rejected",
         }
     }
 

@@ -1,0 +1,499 @@
+//! Checking a credential against its registry the way a client logs in, before a sink
+//! writes it: `GET /v2/` and, on a `401` with a `WWW-Authenticate` challenge, the Basic or
+//! token handshake it names, asking the token server for no scope at all (what
+//! `docker login` asks for; never more than pull).
+//!
+//! The credential goes only to the registry itself, or to a token realm on the same host
+//! or a host the operator allowed ([`Policy::realms`]). No redirect is followed, and a
+//! realm elsewhere is a skipped check, never a request. A registry that cannot be reached
+//! or answers something other than yes or no is a skipped check too: the credential is
+//! written as before, and the skip is logged and counted.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use regbroker_provider::{Credential, ExposeSecret, Registry};
+use zeroize::Zeroizing;
+
+use super::cache::{Key, Lifetime};
+
+/// What the rule says about checking (`check`, `check_realms`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Check before writing (default).
+    pub enabled: bool,
+    /// Hosts besides the registry's own that may receive the credential as a token
+    /// realm (`auth.example.com`, `auth.example.com:8443`).
+    pub realms: Vec<String>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            enabled: true,
+            realms: Vec::new(),
+        }
+    }
+}
+
+/// What the registry said of a credential.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// It accepted the credential (the status of the request that proved it).
+    Accepted(u16),
+    /// It refused the credential with this status (401, 403, or 400 as ECR Public answers
+    /// an expired token).
+    Refused(u16),
+    /// No verdict: why (never a secret).
+    Skipped(String),
+}
+
+impl Verdict {
+    /// `accepted`, `refused` or `skipped`: the metric label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Verdict::Accepted(_) => "accepted",
+            Verdict::Refused(_) => "refused",
+            Verdict::Skipped(_) => "skipped",
+        }
+    }
+}
+
+/// The longest a check may take, end to end.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// The most of a token server's answer read.
+const MAX_TOKEN_BODY: usize = 64 * 1024;
+
+/// The HTTP client of the checks: no redirects, no proxy surprises beyond the system's,
+/// bounded.
+#[derive(Clone, Debug)]
+pub struct Checker {
+    client: reqwest::Client,
+}
+
+impl Default for Checker {
+    fn default() -> Self {
+        Checker::new()
+    }
+}
+
+/// The checks made: per cache key and registry, the fetch last checked (by its lifetime,
+/// unique per fetch) and the refusals in a row. Names and times only, never a credential.
+#[derive(Debug, Default)]
+pub struct Checks {
+    checker: Checker,
+    seen: Mutex<HashMap<(Key, Registry), (Lifetime, u32)>>,
+    /// When a client's report last made each key fetch anew.
+    reported: Mutex<HashMap<Key, SystemTime>>,
+}
+
+impl Checks {
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<(Key, Registry), (Lifetime, u32)>> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the fetch of `lifetime` was checked already for `registry` (and not
+    /// refused).
+    pub fn done(
+        &self,
+        key: &Key,
+        registry: &Registry,
+        lifetime: Lifetime,
+        now: SystemTime,
+    ) -> bool {
+        let mut seen = self.seen();
+        // What is no longer served needs no memory (bounded by keys × registries).
+        seen.retain(|_, (l, refusals)| l.stale_at > now || *refusals > 0);
+        seen.get(&(key.clone(), registry.clone()))
+            .is_some_and(|(l, refusals)| *l == lifetime && *refusals == 0)
+    }
+
+    /// Records a verdict on the fetch of `lifetime`; the refusals in a row, this one
+    /// included.
+    pub fn record(&self, key: &Key, registry: &Registry, lifetime: Lifetime, refused: bool) -> u32 {
+        let mut seen = self.seen();
+        let entry = seen
+            .entry((key.clone(), registry.clone()))
+            .or_insert((lifetime, 0));
+        entry.0 = lifetime;
+        entry.1 = if refused {
+            entry.1.saturating_add(1)
+        } else {
+            0
+        };
+        entry.1
+    }
+
+    /// Takes a client's report for `key` at `now` unless one was taken within
+    /// `interval`: then how long until the next may be.
+    pub fn refetch(&self, key: &Key, now: SystemTime, interval: Duration) -> Option<Duration> {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        reported.retain(|_, at| now.duration_since(*at).is_ok_and(|d| d < interval) || *at > now);
+        if let Some(at) = reported.get(key) {
+            let next = *at + interval;
+            return Some(
+                next.duration_since(now)
+                    .unwrap_or(Duration::ZERO)
+                    .max(Duration::from_secs(1)),
+            );
+        }
+        reported.insert(key.clone(), now);
+        None
+    }
+
+    /// See [`Checker::check`].
+    pub async fn check(
+        &self,
+        registry: &Registry,
+        credential: &Credential,
+        policy: &Policy,
+    ) -> Verdict {
+        self.checker.check(registry, credential, policy).await
+    }
+}
+
+/// Whether `host` is a loopback name or address (checked over plain HTTP, as container
+/// tools treat such registries).
+fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The scheme and authority of `registry`'s API.
+fn base(registry: &Registry) -> String {
+    let scheme = if is_loopback(registry.host()) {
+        "http"
+    } else {
+        "https"
+    };
+    format!("{scheme}://{}", registry.as_str())
+}
+
+/// A challenge of `WWW-Authenticate`: its scheme (lower case) and parameters.
+#[derive(Debug, PartialEq, Eq)]
+struct Challenge {
+    scheme: String,
+    params: Vec<(String, String)>,
+}
+
+impl Challenge {
+    fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Parses one challenge (`Bearer realm="...",service="..."`, `Basic realm="..."`); what a
+/// registry sends, not every form RFC 9110 allows.
+fn parse_challenge(header: &str) -> Option<Challenge> {
+    let header = header.trim();
+    let (scheme, rest) = header.split_once(' ').unwrap_or((header, ""));
+    if scheme.is_empty() {
+        return None;
+    }
+    let mut params = Vec::new();
+    let mut rest = rest.trim();
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once('=')?;
+        let key = key.trim().trim_start_matches(',').trim().to_string();
+        let after = after.trim_start();
+        let (value, tail) = if let Some(quoted) = after.strip_prefix('"') {
+            let end = quoted.find('"')?;
+            (quoted[..end].to_string(), &quoted[end + 1..])
+        } else {
+            let end = after.find(',').unwrap_or(after.len());
+            (after[..end].trim().to_string(), &after[end..])
+        };
+        params.push((key, value));
+        rest = tail.trim_start().trim_start_matches(',').trim_start();
+    }
+    Some(Challenge {
+        scheme: scheme.to_ascii_lowercase(),
+        params,
+    })
+}
+
+/// Whether a token realm at `realm` may receive the credential of `registry`: on the
+/// registry's own host (any port), or on a host of `allowed` (`host` or `host:port`), and
+/// over HTTPS unless on a loopback host.
+fn realm_allowed(realm: &reqwest::Url, registry: &Registry, allowed: &[String]) -> bool {
+    let Some(host) = realm.host_str() else {
+        return false;
+    };
+    let host = host.to_ascii_lowercase();
+    let secure = realm.scheme() == "https" || (realm.scheme() == "http" && is_loopback(&host));
+    let with_port = match realm.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.clone(),
+    };
+    secure
+        && (host == registry.host()
+            || allowed
+                .iter()
+                .any(|a| a.eq_ignore_ascii_case(&host) || a.eq_ignore_ascii_case(&with_port)))
+}
+
+/// The verdict of a status on a request that carried the credential.
+fn verdict(status: reqwest::StatusCode) -> Verdict {
+    match status.as_u16() {
+        200..=299 => Verdict::Accepted(status.as_u16()),
+        s @ (400 | 401 | 403) => Verdict::Refused(s),
+        s => Verdict::Skipped(format!("the registry answered {s}")),
+    }
+}
+
+/// A transport error's cause, without its URL.
+fn unreachable(what: &str, e: reqwest::Error) -> Verdict {
+    let e = e.without_url();
+    let why = if e.is_timeout() {
+        "timed out".to_string()
+    } else {
+        let mut msg = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            msg = format!("{msg}: {s}");
+            source = s.source();
+        }
+        msg
+    };
+    Verdict::Skipped(format!("cannot reach {what}: {why}"))
+}
+
+impl Checker {
+    /// A checker with its own HTTP client.
+    pub fn new() -> Checker {
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(TIMEOUT)
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap_or_default();
+        Checker { client }
+    }
+
+    /// Asks `registry` whether it accepts `credential`, as a client logging in would.
+    pub async fn check(
+        &self,
+        registry: &Registry,
+        credential: &Credential,
+        policy: &Policy,
+    ) -> Verdict {
+        let v2 = format!("{}/v2/", base(registry));
+        let first = match self.client.get(&v2).send().await {
+            Ok(r) => r,
+            Err(e) => return unreachable(registry.as_str(), e),
+        };
+        let status = first.status();
+        if status.is_success() {
+            return Verdict::Skipped("the registry asks for no credential".into());
+        }
+        if status != reqwest::StatusCode::UNAUTHORIZED {
+            return Verdict::Skipped(format!("the registry answered {status} to /v2/"));
+        }
+        let Some(challenge) = first
+            .headers()
+            .get(reqwest::header::WWW_AUTHENTICATE)
+            .and_then(|h| h.to_str().ok())
+            .and_then(parse_challenge)
+        else {
+            return Verdict::Skipped("the registry's 401 names no challenge".into());
+        };
+        let user = credential.username();
+        let password = credential.secret().expose_secret();
+        match challenge.scheme.as_str() {
+            "basic" => match self
+                .client
+                .get(&v2)
+                .basic_auth(user, Some(password))
+                .send()
+                .await
+            {
+                Ok(r) => verdict(r.status()),
+                Err(e) => unreachable(registry.as_str(), e),
+            },
+            "bearer" => {
+                let Some(realm) = challenge
+                    .param("realm")
+                    .and_then(|r| reqwest::Url::parse(r).ok())
+                else {
+                    return Verdict::Skipped("the Bearer challenge names no usable realm".into());
+                };
+                if !realm_allowed(&realm, registry, &policy.realms) {
+                    return Verdict::Skipped(format!(
+                        "the token realm {} is not on the registry's host nor in the rule's check_realms: the credential is not sent there",
+                        realm.host_str().unwrap_or("")
+                    ));
+                }
+                let mut query: Vec<(&str, &str)> = vec![("account", user)];
+                if let Some(service) = challenge.param("service") {
+                    query.push(("service", service));
+                }
+                let answer = match self
+                    .client
+                    .get(realm.clone())
+                    .query(&query)
+                    .basic_auth(user, Some(password))
+                    .send()
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(e) => return unreachable("the token realm", e),
+                };
+                let status = answer.status();
+                if !status.is_success() {
+                    return match verdict(status) {
+                        Verdict::Skipped(_) => Verdict::Skipped(format!(
+                            "the token realm answered {}",
+                            status.as_u16()
+                        )),
+                        v => v,
+                    };
+                }
+                let Some(token) = read_token(answer).await else {
+                    return Verdict::Skipped("the token realm's answer holds no token".into());
+                };
+                match self
+                    .client
+                    .get(&v2)
+                    .bearer_auth(token.as_str())
+                    .send()
+                    .await
+                {
+                    Ok(r) => verdict(r.status()),
+                    Err(e) => unreachable(registry.as_str(), e),
+                }
+            }
+            other => Verdict::Skipped(format!("unknown challenge scheme {other:?}")),
+        }
+    }
+}
+
+/// The token of a token server's JSON answer (`token`, or OAuth2's `access_token`),
+/// reading at most [`MAX_TOKEN_BODY`] bytes.
+async fn read_token(mut answer: reqwest::Response) -> Option<Zeroizing<String>> {
+    let mut body = Zeroizing::new(Vec::new());
+    while let Ok(Some(chunk)) = answer.chunk().await {
+        if body.len() + chunk.len() > MAX_TOKEN_BODY {
+            return None;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        token: Option<Zeroizing<String>>,
+        access_token: Option<Zeroizing<String>>,
+    }
+    let a: Answer = serde_json::from_slice(&body).ok()?;
+    a.token.or(a.access_token).filter(|t| !t.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn reg(s: &str) -> Registry {
+        Registry::parse(s).unwrap()
+    }
+
+    #[test]
+    fn challenges_are_parsed_as_registries_send_them() {
+        let c = parse_challenge(
+            r#"Bearer realm="https://europe-west1-docker.pkg.dev/v2/token",service="europe-west1-docker.pkg.dev""#,
+        )
+        .unwrap();
+        assert_eq!(c.scheme, "bearer");
+        assert_eq!(
+            c.param("realm"),
+            Some("https://europe-west1-docker.pkg.dev/v2/token")
+        );
+        assert_eq!(c.param("Service"), Some("europe-west1-docker.pkg.dev"));
+        let c = parse_challenge(r#"Basic realm="https://1.dkr.ecr.us-east-1.amazonaws.com/",service="ecr.amazonaws.com""#).unwrap();
+        assert_eq!(c.scheme, "basic");
+        assert_eq!(c.param("service"), Some("ecr.amazonaws.com"));
+        let c = parse_challenge("Bearer realm=https://a.example/token, scope=\"x\"").unwrap();
+        assert_eq!(c.param("realm"), Some("https://a.example/token"));
+        assert_eq!(c.param("scope"), Some("x"));
+        assert!(parse_challenge("").is_none());
+        assert!(parse_challenge(r#"Bearer realm="unterminated"#).is_none());
+    }
+
+    #[test]
+    fn the_credential_goes_only_to_the_registry_host_or_an_allowed_realm_over_https() {
+        let r = reg("myregistry.azurecr.io");
+        let url = |s: &str| reqwest::Url::parse(s).unwrap();
+        assert!(realm_allowed(
+            &url("https://myregistry.azurecr.io/oauth2/token"),
+            &r,
+            &[]
+        ));
+        // Another port of the same host is the same host.
+        assert!(realm_allowed(
+            &url("https://myregistry.azurecr.io:8443/t"),
+            &r,
+            &[]
+        ));
+        // A look-alike, a sub-domain, another host: never.
+        for other in [
+            "https://myregistry.azurecr.io.evil.example/t",
+            "https://evil.myregistry.azurecr.io/t",
+            "https://auth.docker.io/token",
+        ] {
+            assert!(!realm_allowed(&url(other), &r, &[]), "{other}");
+        }
+        // Plain HTTP off loopback: never, even to the same host.
+        assert!(!realm_allowed(
+            &url("http://myregistry.azurecr.io/t"),
+            &r,
+            &[]
+        ));
+        // Allowed by the operator, by host or host:port.
+        let allowed = vec![
+            "auth.example.com".to_string(),
+            "tok.example.com:8443".into(),
+        ];
+        assert!(realm_allowed(
+            &url("https://auth.example.com/t"),
+            &r,
+            &allowed
+        ));
+        assert!(realm_allowed(
+            &url("https://tok.example.com:8443/t"),
+            &r,
+            &allowed
+        ));
+        assert!(!realm_allowed(
+            &url("https://tok.example.com/t"),
+            &r,
+            &allowed
+        ));
+        // Loopback registries are spoken to over HTTP.
+        let local = reg("127.0.0.1:5000");
+        assert!(realm_allowed(
+            &url("http://127.0.0.1:5001/token"),
+            &local,
+            &[]
+        ));
+        assert_eq!(base(&local), "http://127.0.0.1:5000");
+        assert_eq!(base(&r), "https://myregistry.azurecr.io");
+        assert_eq!(base(&reg("localhost:5000")), "http://localhost:5000");
+    }
+
+    #[test]
+    fn statuses_with_the_credential_are_verdicts() {
+        use reqwest::StatusCode as S;
+        assert_eq!(verdict(S::OK), Verdict::Accepted(200));
+        assert_eq!(verdict(S::UNAUTHORIZED), Verdict::Refused(401));
+        assert_eq!(verdict(S::FORBIDDEN), Verdict::Refused(403));
+        // ECR Public answers an expired token 400.
+        assert_eq!(verdict(S::BAD_REQUEST), Verdict::Refused(400));
+        assert!(matches!(verdict(S::TOO_MANY_REQUESTS), Verdict::Skipped(_)));
+        assert!(matches!(verdict(S::BAD_GATEWAY), Verdict::Skipped(_)));
+    }
+}
