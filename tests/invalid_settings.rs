@@ -82,7 +82,12 @@ fn the_one_shot_modes_fail_on_an_invalid_rate_naming_the_variable() {
 fn a_cache_duration_past_the_clocks_range_is_a_configuration_error() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("regbroker.toml");
-    for key in ["fallback_ttl", "max_failure_backoff", "fetch_timeout"] {
+    for key in [
+        "fallback_ttl",
+        "max_failure_backoff",
+        "fetch_timeout",
+        "refetch_interval",
+    ] {
         std::fs::write(&config, format!("[cache]\n{key} = \"300000000000y\"\n")).unwrap();
         let (code, _, stderr) = run(
             &[

@@ -1108,6 +1108,64 @@ mod tests {
         }
 
         #[tokio::test(start_paused = true)]
+        async fn a_refused_credential_is_dropped_and_fetched_again_only_after_the_pause() {
+            let (cache, clock) = cache(Config::default());
+            let calls = Arc::new(AtomicUsize::new(0));
+            let k = key("a");
+            let (first, _) = cache
+                .get_or_fetch(
+                    &k,
+                    Need::Servable,
+                    answer(&clock, &calls, "one", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            // A refusal of an older fetch drops nothing: the newer credential stays.
+            let older = Lifetime {
+                refresh_at: first.lifetime.refresh_at - Duration::from_secs(1),
+                stale_at: first.lifetime.stale_at,
+            };
+            let refused = Arc::new(Error::new(
+                regbroker_provider::ErrorKind::CredentialRejected,
+                "refused",
+            ));
+            cache.refuse(&k, older, 1, refused.clone()).await;
+            assert!(cache.lookup(&k).await.is_some());
+            cache.failures.invalidate(&k).await;
+            // The refused one goes, and the pause (1 s base, jittered to 0.5..1 s, for the
+            // first refusal; more for the next) answers the refusal without a fetch.
+            cache.refuse(&k, first.lifetime, 2, refused.clone()).await;
+            assert!(cache.lookup(&k).await.is_none());
+            let err = cache
+                .get_or_fetch(
+                    &k,
+                    Need::Fresh,
+                    answer(&clock, &calls, "two", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap_err();
+            assert_eq!(
+                err.kind(),
+                regbroker_provider::ErrorKind::CredentialRejected
+            );
+            assert_eq!(calls.load(Ordering::SeqCst), 1);
+            clock.advance(Duration::from_secs(2));
+            let (c, outcome) = cache
+                .get_or_fetch(
+                    &k,
+                    Need::Fresh,
+                    answer(&clock, &calls, "two", Some(Duration::ZERO)),
+                )
+                .await
+                .unwrap();
+            assert_eq!((secret(&c).as_str(), outcome), ("two", Outcome::Miss));
+            assert_eq!(calls.load(Ordering::SeqCst), 2);
+            // A client's report drops whatever is cached.
+            cache.forget(&k).await;
+            assert!(cache.lookup(&k).await.is_none());
+        }
+
+        #[tokio::test(start_paused = true)]
         async fn past_the_refresh_point_requests_are_answered_at_once_while_the_refresh_hangs() {
             let (cache, clock, calls, k) = due_for_refresh().await;
             let started = Instant::now();

@@ -485,6 +485,66 @@ mod tests {
         assert_eq!(base(&reg("localhost:5000")), "http://localhost:5000");
     }
 
+    fn lifetime(at: u64) -> Lifetime {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(at);
+        Lifetime {
+            refresh_at: t,
+            stale_at: t + Duration::from_secs(100),
+        }
+    }
+
+    #[test]
+    fn each_fetch_is_checked_once_per_registry_and_refusals_count_in_a_row() {
+        let checks = Checks::default();
+        let key = Key {
+            provider: "gcp",
+            scope: "s".into(),
+        };
+        let (a, b) = (reg("a.example.com"), reg("b.example.com"));
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let first = lifetime(1_000);
+        assert!(!checks.done(&key, &a, first, now));
+        assert_eq!(checks.record(&key, &a, first, false), 0);
+        assert!(checks.done(&key, &a, first, now));
+        // Another registry served by the same credential is checked on its own.
+        assert!(!checks.done(&key, &b, first, now));
+        // A new fetch is checked again.
+        let second = lifetime(1_010);
+        assert!(!checks.done(&key, &a, second, now));
+        assert_eq!(checks.record(&key, &a, second, true), 1);
+        // A refused one is never taken as done, and refusals add up until accepted.
+        assert!(!checks.done(&key, &a, second, now));
+        assert_eq!(checks.record(&key, &a, lifetime(1_020), true), 2);
+        assert_eq!(checks.record(&key, &a, lifetime(1_030), false), 0);
+        // What is no longer served is forgotten.
+        let later = SystemTime::UNIX_EPOCH + Duration::from_secs(5_000);
+        assert!(!checks.done(&key, &a, lifetime(1_030), later));
+    }
+
+    #[test]
+    fn a_report_is_taken_once_per_interval_per_key() {
+        let checks = Checks::default();
+        let key = |s: &str| Key {
+            provider: "gcp",
+            scope: s.into(),
+        };
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let interval = Duration::from_secs(30);
+        assert_eq!(checks.refetch(&key("a"), t0, interval), None);
+        assert_eq!(
+            checks.refetch(&key("a"), at(10), interval),
+            Some(Duration::from_secs(20))
+        );
+        assert_eq!(checks.refetch(&key("b"), at(10), interval), None);
+        // Never "retry in 0 s".
+        assert_eq!(
+            checks.refetch(&key("a"), at(29) + Duration::from_millis(900), interval),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(checks.refetch(&key("a"), at(30), interval), None);
+    }
+
     #[test]
     fn statuses_with_the_credential_are_verdicts() {
         use reqwest::StatusCode as S;

@@ -390,6 +390,49 @@ source = "none"
 
     #[cfg(feature = "aws")]
     #[test]
+    fn a_rule_says_whether_and_where_its_credential_is_checked() {
+        let providers = Providers::from_env().unwrap();
+        let c = parse(
+            "[[rule]]\nmatch = \"a.example.com\"\nsource = \"static\"\n\
+             [[rule]]\nmatch = \"b.example.com\"\nsource = \"static\"\ncheck = false\n\
+             [[rule]]\nmatch = \"c.example.com\"\nsource = \"static\"\n\
+             check_realms = [\"Auth.Example.com\", \"tok.example.com:8443\"]\n",
+            &providers,
+        )
+        .unwrap();
+        let policy = |h: &str| {
+            let r = regbroker_provider::Registry::parse(h).unwrap();
+            c.router.route(&r).unwrap().1.check.clone()
+        };
+        assert_eq!(
+            policy("a.example.com"),
+            crate::broker::check::Policy::default()
+        );
+        assert!(policy("a.example.com").enabled);
+        assert!(!policy("b.example.com").enabled);
+        assert_eq!(
+            policy("c.example.com").realms,
+            ["auth.example.com", "tok.example.com:8443"]
+        );
+        for (bad, why) in [
+            (
+                "check_realms = [\"https://auth.example.com\"]",
+                "not a host",
+            ),
+            ("check_realms = [\"auth.example.com/token\"]", "not a host"),
+            (
+                "check = false\ncheck_realms = [\"auth.example.com\"]",
+                "never be used",
+            ),
+        ] {
+            let e = parse_err(&format!(
+                "[[rule]]\nmatch = \"a.example.com\"\nsource = \"static\"\n{bad}\n"
+            ));
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn provider_options_are_checked_by_the_provider() {
         let e = parse_err(
             "[[rule]]\nmatch = \"proxy.example.com\"\nsource = \"aws\"\noptions = { regoin = \"eu-west-1\" }\n",
