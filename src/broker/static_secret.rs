@@ -385,15 +385,11 @@ impl Drop for Watcher {
 const DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// Whether a file event may have changed what a source holds. Opening, reading and
-/// closing a file unwritten do not: each reload reads the sources, so taking them for
-/// changes made one edit reload every debounce period forever.
+/// closing a file do not (a write also reports a modification): each reload reads the
+/// sources, so taking those for changes made one edit reload every debounce period
+/// forever.
 pub(crate) fn may_change(kind: &notify::EventKind) -> bool {
-    use notify::event::{AccessKind, AccessMode, EventKind};
-    match kind {
-        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
-        EventKind::Access(_) => false,
-        _ => true,
-    }
+    !matches!(kind, notify::EventKind::Access(_))
 }
 
 /// Starts watching the directories that hold `store`'s sources.

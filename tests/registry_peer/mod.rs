@@ -310,3 +310,202 @@ impl Drop for Emulator {
         let _ = self.child.wait();
     }
 }
+
+/// The `service` a token-auth registry ([`Registry::start_token`]) names in its Bearer
+/// challenge, and the audience it wants in a token.
+pub const TOKEN_SERVICE: &str = "regbroker-test-registry";
+/// The issuer the token server ([`TokenServer`]) signs as and the registry trusts.
+pub const TOKEN_ISSUER: &str = "regbroker-test-token-server";
+
+/// A bcrypt htpasswd line for `user`:`password` (`htpasswd -Bbn`).
+fn htpasswd_line(user: &str, password: &str) -> Vec<u8> {
+    let out = run_bounded(
+        Command::new(peer("htpasswd", "apt-get install apache2-utils"))
+            .args(["-Bbn", user, password]),
+        None,
+        CLI_BOUND,
+    );
+    assert!(
+        out.status.success(),
+        "htpasswd failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Writes a token signing key into `dir` with openssl: `key.pem`, an EC P-256 key in the
+/// traditional `EC PRIVATE KEY` PEM (the token server's libtrust reads no PKCS#8), and
+/// `cert.pem`, a self-signed certificate of it (the registry's `rootcertbundle`).
+/// Returns (key, certificate).
+pub fn token_signing_key(dir: &Path) -> (PathBuf, PathBuf) {
+    let openssl = peer("openssl", "apt-get install openssl");
+    let key = dir.join("key.pem");
+    let cert = dir.join("cert.pem");
+    let out = run_bounded(
+        Command::new(&openssl).args([
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            key.to_str().unwrap(),
+        ]),
+        None,
+        CLI_BOUND,
+    );
+    assert!(
+        out.status.success(),
+        "openssl ecparam failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run_bounded(
+        Command::new(&openssl).args([
+            "req",
+            "-new",
+            "-x509",
+            "-key",
+            key.to_str().unwrap(),
+            "-out",
+            cert.to_str().unwrap(),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN={TOKEN_ISSUER}"),
+        ]),
+        None,
+        CLI_BOUND,
+    );
+    assert!(
+        out.status.success(),
+        "openssl req failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pem = std::fs::read_to_string(&key).unwrap();
+    assert!(
+        pem.contains("BEGIN EC PRIVATE KEY"),
+        "openssl wrote no traditional (SEC1) EC key to {}",
+        key.display()
+    );
+    (key, cert)
+}
+
+/// distribution's own token server (the peer `registry-token-server` that
+/// `scripts/peers.sh` builds: `contrib/token-server` of github.com/docker/distribution
+/// v2.8.3) on a free loopback port: it hands a Bearer token, signed with a key of its own
+/// ([`token_signing_key`]), to whoever authenticates with Basic auth as the one user of
+/// its htpasswd. Plain HTTP; its realm is `http://127.0.0.1:PORT/token/`. Killed when
+/// dropped.
+pub struct TokenServer {
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    /// The certificate of its signing key: what a registry trusting it is given.
+    pub cert: PathBuf,
+    process: Emulator,
+}
+
+impl TokenServer {
+    /// Starts `bin` (the peer's path, from `control_plane::Peers`) with exactly
+    /// `user`:`password` in its htpasswd. It exits 0 when its port is taken (it logs the
+    /// listen error and returns): that start is retried with another port.
+    pub fn start(bin: &Path, user: &str, password: &str) -> TokenServer {
+        let mut last = String::new();
+        for _ in 0..3 {
+            let dir = tempfile::tempdir().unwrap();
+            let (key, cert) = token_signing_key(dir.path());
+            let htpasswd = dir.path().join("htpasswd");
+            std::fs::write(&htpasswd, htpasswd_line(user, password)).unwrap();
+            let port = free_port();
+            let addr = format!("127.0.0.1:{port}");
+            let realm = format!("http://{addr}/token/");
+            let args = [
+                "-addr",
+                addr.as_str(),
+                "-issuer",
+                TOKEN_ISSUER,
+                "-realm",
+                realm.as_str(),
+                "-passwd",
+                htpasswd.to_str().unwrap(),
+                "-key",
+                key.to_str().unwrap(),
+            ];
+            // Without credentials, `/token/` answers 401 with a Basic challenge.
+            match Emulator::try_spawn(bin, &args, dir, port, "/token/", &[401], &[]) {
+                Ok(process) => {
+                    return TokenServer {
+                        addr: process.addr.clone(),
+                        cert,
+                        process,
+                    };
+                }
+                Err(e) => {
+                    eprintln!("token server: start failed, retrying: {e}");
+                    last = e;
+                }
+            }
+        }
+        panic!("the token server did not start: {last}");
+    }
+
+    /// Its realm, as a registry's Bearer challenge names it (`/token/`, slash included).
+    pub fn realm(&self) -> String {
+        format!("http://{}/token/", self.addr)
+    }
+
+    /// Replaces its htpasswd with exactly `user`:`password`, renamed into place: like the
+    /// registry's ([`Registry::set_password`]), its htpasswd access controller rereads the
+    /// file when its modification time changes, so nothing restarts.
+    pub fn set_password(&self, user: &str, password: &str) {
+        let path = self.process.dir().join("htpasswd");
+        let next = self.process.dir().join("htpasswd.next");
+        std::fs::write(&next, htpasswd_line(user, password)).unwrap();
+        std::fs::rename(&next, &path).unwrap();
+    }
+
+    /// What it logged so far (logrus text lines: `get token complete` for a token handed
+    /// out, `error authenticating user` for a refused password).
+    pub fn log(&self) -> String {
+        self.process.stderr()
+    }
+}
+
+impl Registry {
+    /// A distribution registry with token auth (`auth: token`): `/v2/` without a token
+    /// answers 401 `Bearer realm="REALM",service="TOKEN_SERVICE"`, and a request with a
+    /// token signed by the key of `rootcertbundle` (a PEM certificate, copied into the
+    /// registry's directory), issued by [`TOKEN_ISSUER`] for [`TOKEN_SERVICE`], is
+    /// authenticated. The realm may be anything: the registry never calls it. A port taken
+    /// between choosing and binding it is retried with another.
+    pub fn start_token(realm: &str, rootcertbundle: &Path) -> Registry {
+        let bin = peer("docker-registry", "apt-get install docker-registry");
+        let mut last = String::new();
+        for _ in 0..3 {
+            let dir = tempfile::tempdir().unwrap();
+            let cert = dir.path().join("rootcertbundle.pem");
+            std::fs::copy(rootcertbundle, &cert).unwrap();
+            let port = free_port();
+            let config = format!(
+                "version: 0.1\nlog:\n  level: error\n  accesslog:\n    disabled: true\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n\
+                 auth:\n  token:\n    realm: \"{realm}\"\n    service: {TOKEN_SERVICE}\n    issuer: {TOKEN_ISSUER}\n    rootcertbundle: {}\n",
+                dir.path().join("data").display(),
+                cert.display()
+            );
+            std::fs::write(dir.path().join("config.yml"), config).unwrap();
+            let config = dir.path().join("config.yml").display().to_string();
+            match Emulator::try_spawn(&bin, &["serve", &config], dir, port, "/v2/", &[401], &[]) {
+                Ok(process) => {
+                    return Registry {
+                        host: process.addr.clone(),
+                        _process: process,
+                    };
+                }
+                Err(e) => {
+                    eprintln!("registry (token auth): start failed, retrying: {e}");
+                    last = e;
+                }
+            }
+        }
+        panic!("the distribution registry (token auth) did not start: {last}");
+    }
+}
