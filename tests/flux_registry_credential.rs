@@ -336,6 +336,55 @@ async fn flux_pulls_with_a_registry_credential_through_rotation_until_it_is_dele
     request_reconcile(cp, &tenant, HELM_CHART, "regbroker", &at);
     wait_for_chart(cp, sc, &tenant, &v011, "0.1.1", &at).await;
 
+    // 2b. ECR rotates again, but the registry still takes only the previous token (a
+    // credential the cloud issued that the registry refuses): regbroker checks the new
+    // one with the registry before writing it, so the Secret keeps the working token
+    // while the status says CredentialRejected; once the registry takes the new token,
+    // the Secret gets it without anyone asking again.
+    let suffix = fresh("-again");
+    let again = format!("{PASSWORD}{suffix}");
+    ecr.rotate(&suffix);
+    let asked = fresh("again");
+    let (ok, out, err) = cp.kubectl(
+        &[
+            "annotate",
+            "--overwrite",
+            "-n",
+            &tenant,
+            &format!("{REGISTRY_CREDENTIAL}/{CREDENTIAL}"),
+            &format!("regbroker.dev/requestedAt={asked}"),
+        ],
+        "",
+    );
+    assert!(ok, "{out}{err}");
+    wait_for(
+        cp,
+        sc,
+        &tenant,
+        REGISTRY_CREDENTIAL,
+        CREDENTIAL,
+        "the new token refused by the registry",
+        |o| o["status"]["registries"][0]["reason"] == "CredentialRejected",
+    );
+    assert_eq!(
+        secret_password(cp, &tenant, &host).as_deref(),
+        Some(rotated.as_str()),
+        "a token the registry refused was written"
+    );
+    registry.set_password(regbroker_aws::USERNAME, &again);
+    wait_for(
+        cp,
+        sc,
+        &tenant,
+        REGISTRY_CREDENTIAL,
+        CREDENTIAL,
+        "the new token written once the registry takes it",
+        |o| {
+            o["status"]["registries"][0]["reason"] == "Succeeded"
+                && secret_password(cp, &tenant, &host).as_deref() == Some(again.as_str())
+        },
+    );
+
     // 3. The tenant deletes its RegistryCredential: the garbage collector deletes the
     // Secret, and Flux can no longer pull.
     Api::<RegistryCredential>::namespaced(cp.admin(), &tenant)
