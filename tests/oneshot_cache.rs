@@ -180,3 +180,56 @@ fn concurrent_helper_processes_share_the_cached_credential() {
         "the record left behind was not usable"
     );
 }
+
+/// `erase` for `https://gcr.io` with the disk cache, and optionally a config file.
+fn helper_erase(meta: &FakeMetadata, cache: &Path, config: Option<&Path>) -> Output {
+    let mut env = vec![
+        ("GCE_METADATA_HOST", meta.addr.clone()),
+        ("REGBROKER_CACHE_DIR", cache.to_str().unwrap().to_string()),
+    ];
+    if let Some(c) = config {
+        env.push(("REGBROKER_CONFIG", c.to_str().unwrap().to_string()));
+    }
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    run(&["credential-helper", "erase"], "https://gcr.io\n", &env)
+}
+
+#[test]
+fn erase_makes_the_next_get_fetch_anew_but_not_within_the_refetch_interval() {
+    let meta = FakeMetadata::start(3600, false);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    secret_of(&helper_get(&meta, &cache));
+    assert_eq!(meta.calls(), 1);
+    // Fetched just now: within the default 30 s refetch_interval, erase keeps the record
+    // (a client repeating erase cannot drive a fetch per call), and still succeeds.
+    let out = helper_erase(&meta, &cache, None);
+    assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+    secret_of(&helper_get(&meta, &cache));
+    assert_eq!(
+        meta.calls(),
+        1,
+        "erase within the interval forgot the record"
+    );
+    // With a 1 s interval, once the record is older than that, erase forgets it.
+    let config = dir.path().join("regbroker.toml");
+    std::fs::write(&config, "[cache]\nrefetch_interval = \"1s\"\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let out = helper_erase(&meta, &cache, Some(&config));
+    assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+    secret_of(&helper_get(&meta, &cache));
+    assert_eq!(
+        meta.calls(),
+        2,
+        "the next get did not fetch anew after erase"
+    );
+    // A server URL that is no registry, or nothing at all: erase still succeeds.
+    for stdin in ["not a registry\n", ""] {
+        let out = run(
+            &["credential-helper", "erase"],
+            stdin,
+            &[("REGBROKER_CACHE_DIR", cache.to_str().unwrap())],
+        );
+        assert!(out.status.success(), "{stdin:?}: {out:?}");
+    }
+}
