@@ -194,6 +194,22 @@ fn reconcile_fails(cp: &ControlPlane, sc: &SourceController, ns: &str, kept: &st
     ready["message"].as_str().unwrap_or("").to_string()
 }
 
+/// Asks regbroker to fetch the object's credentials anew (`regbroker.dev/requestedAt`).
+fn ask_refresh(cp: &ControlPlane, tenant: &str, asked: &str) {
+    let (ok, out, err) = cp.kubectl(
+        &[
+            "annotate",
+            "--overwrite",
+            "-n",
+            tenant,
+            &format!("{REGISTRY_CREDENTIAL}/{CREDENTIAL}"),
+            &format!("regbroker.dev/requestedAt={asked}"),
+        ],
+        "",
+    );
+    assert!(ok, "{out}{err}");
+}
+
 /// A tenant's `RegistryCredential` is what lets Flux pull: the HelmChart becomes Ready
 /// through the Secret regbroker keeps; when the registry's password rotates, the
 /// credential in the Secret stops working until `regbroker.dev/requestedAt` has regbroker
@@ -296,18 +312,7 @@ async fn flux_pulls_with_a_registry_credential_through_rotation_until_it_is_dele
     );
     let asked_at = Instant::now();
     let asked = fresh("rotate");
-    let (ok, out, err) = cp.kubectl(
-        &[
-            "annotate",
-            "--overwrite",
-            "-n",
-            &tenant,
-            &format!("{REGISTRY_CREDENTIAL}/{CREDENTIAL}"),
-            &format!("regbroker.dev/requestedAt={asked}"),
-        ],
-        "",
-    );
-    assert!(ok, "{out}{err}");
+    ask_refresh(cp, &tenant, &asked);
     let rc = wait_for(
         cp,
         sc,
@@ -345,18 +350,7 @@ async fn flux_pulls_with_a_registry_credential_through_rotation_until_it_is_dele
     let again = format!("{PASSWORD}{suffix}");
     ecr.rotate(&suffix);
     let asked = fresh("again");
-    let (ok, out, err) = cp.kubectl(
-        &[
-            "annotate",
-            "--overwrite",
-            "-n",
-            &tenant,
-            &format!("{REGISTRY_CREDENTIAL}/{CREDENTIAL}"),
-            &format!("regbroker.dev/requestedAt={asked}"),
-        ],
-        "",
-    );
-    assert!(ok, "{out}{err}");
+    ask_refresh(cp, &tenant, &asked);
     wait_for(
         cp,
         sc,

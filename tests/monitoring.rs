@@ -263,27 +263,11 @@ fn label<'a>(series: &'a serde_json::Value, name: &str) -> &'a str {
     series["metric"][name].as_str().unwrap_or("")
 }
 
-async fn crd(cp: &ControlPlane) {
-    cp.apply(
-        &std::fs::read_to_string(root().join("deploy/registry-credentials/crd.yaml")).unwrap(),
-    );
-    let (ok, out, err) = cp.kubectl(
-        &[
-            "wait",
-            "--for=condition=Established",
-            "crd/registrycredentials.regbroker.dev",
-            "--timeout=60s",
-        ],
-        "",
-    );
-    assert!(ok, "{out}{err}");
-}
-
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs etcd, kube-apiserver, kubectl, prometheus and promtool from scripts/peers.sh, and gcplocal: run scripts/test.sh"]
 async fn a_real_prometheus_evaluates_every_alert_and_panel_and_the_expiry_alert_fires() {
     let cp = ControlPlane::shared();
-    crd(cp).await;
+    cp.registry_credential_operator().await;
     let ns = cp.namespace("monitoring").await;
     // An object naming a ServiceAccount that does not exist: Stalled, Ready False.
     let stalled = RegistryCredential::new(

@@ -82,7 +82,7 @@ impl Default for Checker {
 /// unique per fetch) and the refusals in a row. Names and times only, never a credential.
 #[derive(Debug, Default)]
 pub struct Checks {
-    checker: Checker,
+    pub(super) checker: Checker,
     seen: Mutex<HashMap<(Key, Registry), (Lifetime, u32)>>,
     /// When a client's report last made each key fetch anew.
     reported: Mutex<HashMap<Key, SystemTime>>,
@@ -140,16 +140,6 @@ impl Checks {
         }
         reported.insert(key.clone(), now);
         None
-    }
-
-    /// See [`Checker::check`].
-    pub async fn check(
-        &self,
-        registry: &Registry,
-        credential: &Credential,
-        policy: &Policy,
-    ) -> Verdict {
-        self.checker.check(registry, credential, policy).await
     }
 }
 

@@ -220,6 +220,7 @@ impl Broker {
     pub async fn verify(&self, served: &Served) -> check::Verdict {
         let policy = self.check_policy(&served.registry);
         self.checks
+            .checker
             .check(&served.registry, &served.credential, &policy)
             .await
     }
@@ -251,6 +252,7 @@ impl Broker {
         }
         let verdict = self
             .checks
+            .checker
             .check(registry, &served.credential, &policy)
             .await;
         self.metrics.registry_check(verdict.as_str());
