@@ -179,34 +179,20 @@ impl Challenge {
     }
 }
 
-/// Parses one challenge (`Bearer realm="...",service="..."`, `Basic realm="..."`); what a
-/// registry sends, not every form RFC 9110 allows.
+/// The first Basic or Bearer challenge of a `WWW-Authenticate` value (a registry sends
+/// one), its parameters unescaped; `None` if there is none or the value does not parse.
 fn parse_challenge(header: &str) -> Option<Challenge> {
-    let header = header.trim();
-    let (scheme, rest) = header.split_once(' ').unwrap_or((header, ""));
-    if scheme.is_empty() {
-        return None;
-    }
-    let mut params = Vec::new();
-    let mut rest = rest.trim();
-    while !rest.is_empty() {
-        let (key, after) = rest.split_once('=')?;
-        let key = key.trim().trim_start_matches(',').trim().to_string();
-        let after = after.trim_start();
-        let (value, tail) = if let Some(quoted) = after.strip_prefix('"') {
-            let end = quoted.find('"')?;
-            (quoted[..end].to_string(), &quoted[end + 1..])
-        } else {
-            let end = after.find(',').unwrap_or(after.len());
-            (after[..end].trim().to_string(), &after[end..])
-        };
-        params.push((key, value));
-        rest = tail.trim_start().trim_start_matches(',').trim_start();
-    }
-    Some(Challenge {
-        scheme: scheme.to_ascii_lowercase(),
-        params,
-    })
+    http_auth::ChallengeParser::new(header)
+        .map_while(Result::ok)
+        .find(|c| c.scheme.eq_ignore_ascii_case("basic") || c.scheme.eq_ignore_ascii_case("bearer"))
+        .map(|c| Challenge {
+            scheme: c.scheme.to_ascii_lowercase(),
+            params: c
+                .params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_unescaped()))
+                .collect(),
+        })
 }
 
 /// Whether a token realm at `realm` may receive the credential of `registry`: on the
@@ -407,10 +393,16 @@ mod tests {
         let c = parse_challenge(r#"Basic realm="https://1.dkr.ecr.us-east-1.amazonaws.com/",service="ecr.amazonaws.com""#).unwrap();
         assert_eq!(c.scheme, "basic");
         assert_eq!(c.param("service"), Some("ecr.amazonaws.com"));
-        let c = parse_challenge("Bearer realm=https://a.example/token, scope=\"x\"").unwrap();
-        assert_eq!(c.param("realm"), Some("https://a.example/token"));
-        assert_eq!(c.param("scope"), Some("x"));
+        // Several challenges: the Basic or Bearer one; escapes in quoted strings undone.
+        let c = parse_challenge(
+            r#"Newauth realm="apps", type=1, Bearer realm="https://a.example/t\"x", scope="s""#,
+        )
+        .unwrap();
+        assert_eq!(c.scheme, "bearer");
+        assert_eq!(c.param("realm"), Some(r#"https://a.example/t"x"#));
+        assert_eq!(c.param("scope"), Some("s"));
         assert!(parse_challenge("").is_none());
+        assert!(parse_challenge("Negotiate").is_none());
         assert!(parse_challenge(r#"Bearer realm="unterminated"#).is_none());
     }
 
