@@ -577,7 +577,9 @@ mod tests {
 
         let mut failing = reg("b.example.com", None, "UpstreamUnavailable");
         failing.provider = None; // not held: no entry in the Secret
-        let regs = vec![reg("a.example.com", Some(5_000), SUCCEEDED), failing];
+        let mut down = reg("c.example.com", None, "UpstreamUnavailable");
+        down.provider = None;
+        let regs = vec![reg("a.example.com", Some(5_000), SUCCEEDED), failing, down];
         let mut checks = Checks::default();
         let found = Found::Synced {
             registries: regs.clone(),
@@ -604,7 +606,7 @@ mod tests {
         );
         assert_eq!(h.conditions[2].0, "False");
         assert_eq!(h.expiries, [("a.example.com".to_string(), at(5_000))]);
-        assert_eq!(h.failed_registries, 1);
+        assert_eq!(h.failed_registries, 2);
         assert_eq!(
             (h.last_success, h.last_failure),
             (Some(at(200)), Some(at(100)))
