@@ -563,22 +563,16 @@ impl Cache {
         }
     }
 
-    /// Drops `key`'s credential of `lifetime` (the registry refused it; a newer one
-    /// stays) and holds the next fetch back as after the `consecutive`-th failure in a
-    /// row, answering `error` meanwhile.
-    pub async fn refuse(&self, key: &Key, lifetime: Lifetime, consecutive: u32, error: Arc<Error>) {
-        if let Some(e) = self.entries.get(key).await
-            && e.lifetime == lifetime
-        {
-            self.entries.invalidate(key).await;
+    /// Drops `key`'s credential if it is still the fetch of `lifetime` (a registry
+    /// refused it; a newer one stays), so the next lookup fetches anew; whether it did.
+    pub async fn forget_if(&self, key: &Key, lifetime: Lifetime) -> bool {
+        match self.entries.get(key).await {
+            Some(e) if e.lifetime == lifetime => {
+                self.entries.invalidate(key).await;
+                true
+            }
+            _ => false,
         }
-        let pause = failure_pause(&self.config, consecutive, 0.5 + fastrand::f64() / 2.0);
-        let failure = Failure {
-            until: self.clock.now() + pause,
-            consecutive,
-            error,
-        };
-        self.failures.insert(key.clone(), failure).await;
     }
 
     /// Drops `key`'s credential, so the next lookup fetches anew (a client reported it
@@ -1108,7 +1102,7 @@ mod tests {
         }
 
         #[tokio::test(start_paused = true)]
-        async fn a_refused_credential_is_dropped_and_fetched_again_only_after_the_pause() {
+        async fn a_refused_fetch_is_dropped_unless_a_newer_one_replaced_it() {
             let (cache, clock) = cache(Config::default());
             let calls = Arc::new(AtomicUsize::new(0));
             let k = key("a");
@@ -1125,31 +1119,10 @@ mod tests {
                 refresh_at: first.lifetime.refresh_at - Duration::from_secs(1),
                 stale_at: first.lifetime.stale_at,
             };
-            let refused = Arc::new(Error::new(
-                regbroker_provider::ErrorKind::CredentialRejected,
-                "refused",
-            ));
-            cache.refuse(&k, older, 1, refused.clone()).await;
+            assert!(!cache.forget_if(&k, older).await);
             assert!(cache.lookup(&k).await.is_some());
-            cache.failures.invalidate(&k).await;
-            // The refused one goes, and the pause (1 s base, jittered to 0.5..1 s, for the
-            // first refusal; more for the next) answers the refusal without a fetch.
-            cache.refuse(&k, first.lifetime, 2, refused.clone()).await;
+            assert!(cache.forget_if(&k, first.lifetime).await);
             assert!(cache.lookup(&k).await.is_none());
-            let err = cache
-                .get_or_fetch(
-                    &k,
-                    Need::Fresh,
-                    answer(&clock, &calls, "two", Some(Duration::ZERO)),
-                )
-                .await
-                .unwrap_err();
-            assert_eq!(
-                err.kind(),
-                regbroker_provider::ErrorKind::CredentialRejected
-            );
-            assert_eq!(calls.load(Ordering::SeqCst), 1);
-            clock.advance(Duration::from_secs(2));
             let (c, outcome) = cache
                 .get_or_fetch(
                     &k,

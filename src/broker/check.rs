@@ -79,50 +79,86 @@ impl Default for Checker {
 }
 
 /// The checks made: per cache key and registry, the fetch last checked (by its lifetime,
-/// unique per fetch) and the refusals in a row. Names and times only, never a credential.
+/// unique per fetch), the refusals in a row and until when the registry is not asked
+/// again. Names, times and statuses only, never a credential.
 #[derive(Debug, Default)]
 pub struct Checks {
     pub(super) checker: Checker,
-    seen: Mutex<HashMap<(Key, Registry), (Lifetime, u32)>>,
+    seen: Mutex<HashMap<(Key, Registry), Seen>>,
     /// When a client's report last made each key fetch anew.
     reported: Mutex<HashMap<Key, SystemTime>>,
 }
 
+/// What is known of one registry's verdicts on one key's credentials.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    /// The fetch last checked.
+    pub lifetime: Lifetime,
+    /// Refusals in a row (0: the last verdict let the credential through).
+    pub refusals: u32,
+    /// The status of the last refusal.
+    pub status: u16,
+    /// Until when a refusal stands without asking the registry again.
+    pub until: SystemTime,
+}
+
 impl Checks {
-    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<(Key, Registry), (Lifetime, u32)>> {
+    fn seen(&self) -> std::sync::MutexGuard<'_, HashMap<(Key, Registry), Seen>> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether the fetch of `lifetime` was checked already for `registry` (and not
-    /// refused).
-    pub fn done(
+    /// What is known for `registry` and `key` at `now` (what is no longer served, and
+    /// refusals long past, are forgotten: bounded by keys × registries).
+    pub fn get(&self, key: &Key, registry: &Registry, now: SystemTime) -> Option<Seen> {
+        let mut seen = self.seen();
+        seen.retain(|_, s| s.lifetime.stale_at > now || s.until > now);
+        seen.get(&(key.clone(), registry.clone())).copied()
+    }
+
+    /// Records a verdict on the fetch of `lifetime` at `now`: let through, or refused
+    /// with `status` and not asked again for `pause(refusals in a row)`. Returns the
+    /// refusals in a row.
+    pub fn record(
         &self,
         key: &Key,
         registry: &Registry,
         lifetime: Lifetime,
-        now: SystemTime,
-    ) -> bool {
+        refused: Option<(u16, SystemTime)>,
+        pause: impl Fn(u32) -> Duration,
+    ) -> u32 {
         let mut seen = self.seen();
-        // What is no longer served needs no memory (bounded by keys × registries).
-        seen.retain(|_, (l, refusals)| l.stale_at > now || *refusals > 0);
-        seen.get(&(key.clone(), registry.clone()))
-            .is_some_and(|(l, refusals)| *l == lifetime && *refusals == 0)
+        let entry = seen.entry((key.clone(), registry.clone())).or_insert(Seen {
+            lifetime,
+            refusals: 0,
+            status: 0,
+            until: SystemTime::UNIX_EPOCH,
+        });
+        entry.lifetime = lifetime;
+        match refused {
+            Some((status, now)) => {
+                entry.refusals = entry.refusals.saturating_add(1);
+                entry.status = status;
+                entry.until = now + pause(entry.refusals);
+            }
+            None => {
+                entry.refusals = 0;
+                entry.until = SystemTime::UNIX_EPOCH;
+            }
+        }
+        entry.refusals
     }
 
-    /// Records a verdict on the fetch of `lifetime`; the refusals in a row, this one
-    /// included.
-    pub fn record(&self, key: &Key, registry: &Registry, lifetime: Lifetime, refused: bool) -> u32 {
-        let mut seen = self.seen();
-        let entry = seen
-            .entry((key.clone(), registry.clone()))
-            .or_insert((lifetime, 0));
-        entry.0 = lifetime;
-        entry.1 = if refused {
-            entry.1.saturating_add(1)
-        } else {
-            0
-        };
-        entry.1
+    /// Whether a registry other than `registry` let the fetch of `lifetime` through: the
+    /// credential works there, so a refusal here is this registry's, and it stays cached.
+    pub fn let_through_elsewhere(
+        &self,
+        key: &Key,
+        registry: &Registry,
+        lifetime: Lifetime,
+    ) -> bool {
+        self.seen().iter().any(|((k, r), s)| {
+            k == key && r != registry && s.lifetime == lifetime && s.refusals == 0
+        })
     }
 
     /// Takes a client's report for `key` at `now` unless one was taken within
@@ -476,7 +512,7 @@ mod tests {
     }
 
     #[test]
-    fn each_fetch_is_checked_once_per_registry_and_refusals_count_in_a_row() {
+    fn verdicts_are_kept_per_registry_and_a_refusal_stands_for_its_growing_pause() {
         let checks = Checks::default();
         let key = Key {
             provider: "gcp",
@@ -484,23 +520,34 @@ mod tests {
         };
         let (a, b) = (reg("a.example.com"), reg("b.example.com"));
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
+        let pause = |n: u32| Duration::from_secs(u64::from(n) * 10);
         let first = lifetime(1_000);
-        assert!(!checks.done(&key, &a, first, now));
-        assert_eq!(checks.record(&key, &a, first, false), 0);
-        assert!(checks.done(&key, &a, first, now));
-        // Another registry served by the same credential is checked on its own.
-        assert!(!checks.done(&key, &b, first, now));
-        // A new fetch is checked again.
-        let second = lifetime(1_010);
-        assert!(!checks.done(&key, &a, second, now));
-        assert_eq!(checks.record(&key, &a, second, true), 1);
-        // A refused one is never taken as done, and refusals add up until accepted.
-        assert!(!checks.done(&key, &a, second, now));
-        assert_eq!(checks.record(&key, &a, lifetime(1_020), true), 2);
-        assert_eq!(checks.record(&key, &a, lifetime(1_030), false), 0);
-        // What is no longer served is forgotten.
+        assert_eq!(checks.get(&key, &a, now), None);
+        assert_eq!(checks.record(&key, &a, first, None, pause), 0);
+        assert_eq!(checks.get(&key, &a, now).unwrap().lifetime, first);
+        assert_eq!(
+            checks.get(&key, &b, now),
+            None,
+            "another registry is its own"
+        );
+        // b refuses what a let through: the refusal is b's alone.
+        assert_eq!(checks.record(&key, &b, first, Some((401, now)), pause), 1);
+        assert!(checks.let_through_elsewhere(&key, &b, first));
+        assert!(!checks.let_through_elsewhere(&key, &a, first));
+        assert!(!checks.let_through_elsewhere(&key, &b, lifetime(1_010)));
+        let seen = checks.get(&key, &b, now).unwrap();
+        assert_eq!((seen.refusals, seen.status), (1, 401));
+        assert_eq!(seen.until, now + Duration::from_secs(10));
+        // Refusals in a row make the pause longer; a verdict that lets it through resets.
+        assert_eq!(checks.record(&key, &b, first, Some((403, now)), pause), 2);
+        assert_eq!(
+            checks.get(&key, &b, now).unwrap().until,
+            now + Duration::from_secs(20)
+        );
+        assert_eq!(checks.record(&key, &b, lifetime(1_020), None, pause), 0);
+        // Forgotten once no longer served and past any pause.
         let later = SystemTime::UNIX_EPOCH + Duration::from_secs(5_000);
-        assert!(!checks.done(&key, &a, lifetime(1_030), later));
+        assert_eq!(checks.get(&key, &a, later), None);
     }
 
     #[test]

@@ -237,50 +237,65 @@ impl Broker {
     /// `served` once its registry accepted it, as a client logging in would be
     /// ([`check`]): the sinks call this before writing a credential. A provider
     /// credential is checked once per registry and fetch; a static entry, a rule with
-    /// `check = false`, or a check that could not decide lets it through. A refused one is
-    /// dropped from the cache, its next fetch held back by the failure pause (longer with
-    /// each refusal in a row), and answered as a `credential_rejected` error.
+    /// `check = false`, or a check that could not decide lets it through. A refusal is
+    /// answered as a `credential_rejected` error, and stands for the failure pause
+    /// (longer with each refusal in a row) without asking that registry again; the
+    /// credential is dropped from the cache unless another registry let it through.
     pub async fn checked(&self, served: Served) -> Result<Served, BrokerError> {
         let (Some(key), Some(lifetime)) = (served.key.clone(), served.lifetime) else {
             return Ok(served);
         };
         let registry = &served.registry;
-        let policy = self.check_policy(registry);
-        let now = self.clock.now();
-        if !policy.enabled || self.checks.done(&key, registry, lifetime, now) {
+        let provider = served.source;
+        if !self.check_policy(registry).enabled {
             return Ok(served);
+        }
+        let now = self.clock.now();
+        let rejected = |status: u16| {
+            let error = Arc::new(regbroker_provider::Error::new(
+                ErrorKind::CredentialRejected,
+                format!(
+                    "{registry} refused the credential {provider} issued (HTTP {status}); asking again after a pause"
+                ),
+            ));
+            BrokerError::Provider { provider, error }
+        };
+        match self.checks.get(&key, registry, now) {
+            // A refusal stands for its pause, whatever was fetched since: the registry is
+            // not asked again until then.
+            Some(s) if s.refusals > 0 && now < s.until => return Err(rejected(s.status)),
+            Some(s) if s.refusals == 0 && s.lifetime == lifetime => return Ok(served),
+            _ => {}
         }
         let verdict = self
             .checks
             .checker
-            .check(registry, &served.credential, &policy)
+            .check(registry, &served.credential, &self.check_policy(registry))
             .await;
         self.metrics.registry_check(verdict.as_str());
-        let provider = served.source;
+        let pause = |n| cache::failure_pause(self.cache.config(), n, 0.5 + fastrand::f64() / 2.0);
         match verdict {
             check::Verdict::Accepted(status) => {
                 tracing::info!(%registry, provider, status, "The registry accepted the credential");
-                self.checks.record(&key, registry, lifetime, false);
+                self.checks.record(&key, registry, lifetime, None, pause);
                 Ok(served)
             }
             check::Verdict::Skipped(why) => {
                 tracing::warn!(%registry, provider, reason = %why, "Registry check skipped; the credential is written unchecked");
-                self.checks.record(&key, registry, lifetime, false);
+                self.checks.record(&key, registry, lifetime, None, pause);
                 Ok(served)
             }
             check::Verdict::Refused(status) => {
-                let refusals = self.checks.record(&key, registry, lifetime, true);
-                tracing::warn!(%registry, provider, status, refusals, "The registry refused the credential: not writing it; fetching anew after the failure pause");
-                let error = Arc::new(regbroker_provider::Error::new(
-                    ErrorKind::CredentialRejected,
-                    format!(
-                        "{registry} refused the credential {provider} issued (HTTP {status}); fetching anew after a pause"
-                    ),
-                ));
-                self.cache
-                    .refuse(&key, lifetime, refusals, error.clone())
-                    .await;
-                Err(BrokerError::Provider { provider, error })
+                let refusals =
+                    self.checks
+                        .record(&key, registry, lifetime, Some((status, now)), pause);
+                // Refused everywhere it was asked (a revoked token): drop it, so the next
+                // fetch gets another. Let through by another registry: the refusal is this
+                // registry's alone, and the credential stays for the others.
+                let dropped = !self.checks.let_through_elsewhere(&key, registry, lifetime)
+                    && self.cache.forget_if(&key, lifetime).await;
+                tracing::warn!(%registry, provider, status, refusals, dropped, "The registry refused the credential: not writing it; asking again after a pause");
+                Err(rejected(status))
             }
         }
     }
