@@ -3,7 +3,7 @@
 #
 #   scripts/mutants.sh                        every core file, in two passes (below)
 #   scripts/mutants.sh --in-diff origin/main  only mutants in lines changed since that ref
-#   scripts/mutants.sh --file src/broker/cache.rs [--file ...]   some files
+#   scripts/mutants.sh --file src/broker/cache/mod.rs [--file ...]   some files
 #   scripts/mutants.sh --unit-only ...        the first pass only (fast; undercounts)
 #   scripts/mutants.sh --jobs 2 ...           two mutants at a time (2 cores: about twice
 #                                             as fast; pass 2 in two lanes of files)
