@@ -1,5 +1,6 @@
 //! A registry credential and the secret it carries.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use secrecy::SecretString;
@@ -25,12 +26,28 @@ pub fn cap_expiry(expires_at: Option<SystemTime>, now: SystemTime) -> Option<Sys
 /// the secret stops working if the issuer said.
 ///
 /// The secret is a [`SecretString`]: `Debug` prints `[REDACTED]`, it is zeroized on
-/// drop, and reading it takes an explicit `expose_secret()`.
-#[derive(Clone, Debug)]
+/// drop, and reading it takes an explicit `expose_secret()`. Clones share one copy of
+/// the username and the secret (a cached credential is served to every request without
+/// copying its secret); the last clone to go zeroizes it.
+#[derive(Clone)]
 pub struct Credential {
+    shared: Arc<Shared>,
+    expires_at: Option<SystemTime>,
+}
+
+struct Shared {
     username: String,
     secret: SecretString,
-    expires_at: Option<SystemTime>,
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credential")
+            .field("username", &self.shared.username)
+            .field("secret", &self.shared.secret)
+            .field("expires_at", &self.expires_at)
+            .finish()
+    }
 }
 
 impl Credential {
@@ -41,8 +58,10 @@ impl Credential {
         expires_at: Option<SystemTime>,
     ) -> Credential {
         Credential {
-            username: username.into(),
-            secret: secret.into(),
+            shared: Arc::new(Shared {
+                username: username.into(),
+                secret: secret.into(),
+            }),
             expires_at,
         }
     }
@@ -67,12 +86,12 @@ impl Credential {
 
     /// The username, e.g. `AWS`, `oauth2accesstoken` or `00000000-0000-0000-0000-000000000000`.
     pub fn username(&self) -> &str {
-        &self.username
+        &self.shared.username
     }
 
     /// The password or token.
     pub fn secret(&self) -> &SecretString {
-        &self.secret
+        &self.shared.secret
     }
 
     /// When the issuer says the secret stops working, if it said.
@@ -82,7 +101,7 @@ impl Credential {
 
     /// Whether the secret is an identity token (docker's `<token>` username).
     pub fn is_identity_token(&self) -> bool {
-        self.username == IDENTITY_TOKEN_USERNAME
+        self.shared.username == IDENTITY_TOKEN_USERNAME
     }
 }
 
@@ -98,6 +117,16 @@ mod tests {
         assert!(!shown.contains("s3cr3t-value"), "{shown}");
         assert!(shown.contains("AWS"));
         assert_eq!(c.secret().expose_secret(), "s3cr3t-value");
+    }
+
+    #[test]
+    fn clones_share_one_copy_of_the_secret() {
+        let c = Credential::new("AWS", "s3cr3t-value".to_string(), None);
+        let d = c.clone().capped(SystemTime::UNIX_EPOCH);
+        assert!(std::ptr::eq(
+            c.secret().expose_secret().as_ptr(),
+            d.secret().expose_secret().as_ptr()
+        ));
     }
 
     #[test]
