@@ -6,7 +6,7 @@
 
 pub mod health;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -82,6 +82,29 @@ pub struct Metrics {
     /// the `regbroker_sink_*` and `regbroker_credential_*` series.
     pub sinks: Arc<crate::sinks::status::Sinks>,
     health: Arc<health::Health>,
+    hot: Hot,
+}
+
+/// The counters every answered credential request increments, each taken from its family
+/// once, on first use: a cache hit then adds to an atomic, rather than taking the family's
+/// lock and hashing its labels three times. The series appear when first counted, as
+/// before, and the families are never cleared, so a handle stays the series' own.
+#[derive(Debug, Default)]
+struct Hot {
+    credentials_ok: OnceLock<Counter>,
+    cache_hit: OnceLock<Counter>,
+    served: [OnceLock<Counter>; HOT_SOURCES.len()],
+}
+
+/// The sources whose `credentials_served` counter has a handle in [`Hot`].
+const HOT_SOURCES: [&str; 4] = ["static", "aws", "azure", "gcp"];
+
+/// `labels`' counter in `family`, through its handle in `slot`.
+fn hot<'a, L>(slot: &'a OnceLock<Counter>, family: &Family<L, Counter>, labels: &L) -> &'a Counter
+where
+    L: Clone + std::hash::Hash + Eq,
+{
+    slot.get_or_init(|| family.get_or_create(labels).clone())
 }
 
 impl Default for Metrics {
@@ -189,6 +212,7 @@ impl Metrics {
             registry_checks,
             sinks,
             health,
+            hot: Hot::default(),
         }
     }
 
@@ -244,14 +268,22 @@ impl Metrics {
 
     /// Counts an HTTP request.
     pub fn http_request(&self, route: &'static str, status: u16) {
-        self.requests
-            .get_or_create(&RequestLabels { route, status })
-            .inc();
+        let labels = RequestLabels { route, status };
+        if route == "/v1/credentials" && status == 200 {
+            hot(&self.hot.credentials_ok, &self.requests, &labels).inc();
+        } else {
+            self.requests.get_or_create(&labels).inc();
+        }
     }
 
     /// Counts a cache lookup.
     pub fn cache_lookup(&self, result: &'static str) {
-        self.cache.get_or_create(&ResultLabels { result }).inc();
+        let labels = ResultLabels { result };
+        if result == "hit" {
+            hot(&self.hot.cache_hit, &self.cache, &labels).inc();
+        } else {
+            self.cache.get_or_create(&labels).inc();
+        }
     }
 
     /// Counts a refresh of a cached credential: `started`, then `ok` or `failed`.
@@ -270,7 +302,11 @@ impl Metrics {
 
     /// Counts a credential served.
     pub fn credential_served(&self, source: &'static str) {
-        self.served.get_or_create(&SourceLabels { source }).inc();
+        let labels = SourceLabels { source };
+        match HOT_SOURCES.iter().position(|s| *s == source) {
+            Some(i) => hot(&self.hot.served[i], &self.served, &labels).inc(),
+            None => self.served.get_or_create(&labels).inc(),
+        };
     }
 
     /// Records one upstream exchange.
