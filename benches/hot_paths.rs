@@ -89,7 +89,7 @@ fn cache_hit(c: &mut Criterion) {
     });
 }
 
-fn router_with(docker_config: &std::path::Path) -> (axum::Router, Arc<common::FakeProvider>) {
+fn router_with(docker_config: &std::path::Path) -> (server::App, Arc<common::FakeProvider>) {
     let clock: SharedClock = Arc::new(ManualClock::fixed());
     let fake = common::FakeProvider::new(clock.clone());
     let providers = Providers::new(vec![fake.clone() as Arc<dyn Provider>]);
@@ -114,7 +114,7 @@ fn router_with(docker_config: &std::path::Path) -> (axum::Router, Arc<common::Fa
     (app, fake)
 }
 
-async fn request(app: &axum::Router, registry: &str) -> StatusCode {
+async fn request(app: &server::App, registry: &str) -> StatusCode {
     let req = Request::get(format!("/v1/credentials?registry={registry}"))
         .body(Body::empty())
         .unwrap();

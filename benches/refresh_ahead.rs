@@ -29,7 +29,7 @@ use regbroker::server::{self, AppState};
 use regbroker_provider::{ManualClock, Provider, SharedClock};
 use tower::ServiceExt;
 
-async fn request(app: &axum::Router) -> Duration {
+async fn request(app: &regbroker::server::App) -> Duration {
     let started = Instant::now();
     let req = Request::get("/v1/credentials?registry=a.fake.test")
         .body(Body::empty())

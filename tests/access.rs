@@ -153,7 +153,7 @@ fn fake_key() -> regbroker::broker::cache::Key {
 }
 
 /// Serves `app` with `limits` on 127.0.0.1:0 (kept bound); returns the address.
-async fn serve_app(app: axum::Router, limits: ConnLimits) -> String {
+async fn serve_app(app: server::App, limits: ConnLimits) -> String {
     let bound = Bound::bind(&Listen::Tcp("127.0.0.1:0".parse().unwrap()))
         .await
         .unwrap();

@@ -433,7 +433,7 @@ async fn readyz_answers_503_until_start_up_work_is_done() {
         metrics: srv.metrics.clone(),
         ready: ready.clone(),
     };
-    let status = |app: axum::Router, path: &'static str| async move {
+    let status = |app: regbroker::server::App, path: &'static str| async move {
         let req = axum::http::Request::get(path)
             .body(axum::body::Body::empty())
             .unwrap();

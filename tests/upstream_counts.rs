@@ -30,7 +30,7 @@ use tower::ServiceExt;
 
 const N: usize = 1_000;
 
-fn router(srv: &TestServer) -> axum::Router {
+fn router(srv: &TestServer) -> server::App {
     server::app(AppState {
         broker: srv.broker.clone(),
         metrics: srv.metrics.clone(),
@@ -39,7 +39,7 @@ fn router(srv: &TestServer) -> axum::Router {
 }
 
 /// Sends `GET /v1/credentials?registry=HOST` through the router; status and JSON body.
-async fn get(app: axum::Router, host: String) -> (StatusCode, serde_json::Value) {
+async fn get(app: server::App, host: String) -> (StatusCode, serde_json::Value) {
     let req = Request::get(format!("/v1/credentials?registry={host}"))
         .body(Body::empty())
         .unwrap();

@@ -471,7 +471,7 @@ const STATIC_HOST: &str = "static.fuzz.test";
 
 struct Http {
     runtime: tokio::runtime::Runtime,
-    app: axum::Router,
+    app: regbroker::server::App,
     nobody: Arc<Nobody>,
 }
 

@@ -3,35 +3,25 @@
 //! operator says `--insecure-listen`. The token file is read here for the server and for
 //! the one-shot modes that present it to a sidecar.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::Next;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use regbroker_provider::{ExposeSecret, SecretString};
 
 use super::error::AppError;
 use super::listen::Listen;
 
-/// Constant-time check of `Authorization: Bearer <token>` (the length is not hidden).
-pub(super) async fn require_token(
-    State(token): State<Option<Arc<SecretString>>>,
-    req: Request,
-    next: Next,
-) -> Response {
+/// Whether `headers` present `Authorization: Bearer <token>` with this token, compared
+/// in constant time (the length is not hidden).
+pub(super) fn presents(headers: &HeaderMap, token: &SecretString) -> bool {
     use subtle::ConstantTimeEq as _;
-    let Some(token) = token else {
-        return next.run(req).await;
-    };
-    let presented = req
-        .headers()
+    headers
         .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-    let ok = presented.is_some_and(|p| bool::from(p.ct_eq(token.expose_secret().as_bytes())));
-    if ok {
-        return next.run(req).await;
-    }
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .is_some_and(|p| bool::from(p.ct_eq(token.expose_secret().as_bytes())))
+}
+
+/// The answer to a request without the token: 401 with `WWW-Authenticate: Bearer`.
+pub(super) fn unauthorized() -> Response {
     let mut res = AppError {
         status: StatusCode::UNAUTHORIZED,
         code: "unauthorized",

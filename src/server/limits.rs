@@ -1,18 +1,8 @@
-//! How much the endpoint takes at once: requests in flight (more are shed with 503 at
-//! once), the end-to-end request timeout (504), and per-connection limits (open
-//! connections, header size and read time, how long an answer may wait unwritten) that
-//! the listener enforces with hyper.
+//! Per-connection limits (open connections, header size and read time, how long an answer
+//! may wait unwritten) that the listener enforces with hyper. The per-request limits
+//! (requests in flight, the request timeout) are [`super::front`]'s.
 
-use std::sync::Arc;
 use std::time::Duration;
-
-use axum::extract::{Request, State};
-use axum::http::StatusCode;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use tokio::sync::Semaphore;
-
-use super::error::AppError;
 
 /// Per-connection limits, enforced by the listener with hyper.
 #[derive(Clone, Copy, Debug)]
@@ -39,34 +29,5 @@ impl Default for ConnLimits {
             max_header_bytes: 16 * 1024,
             write_timeout: Duration::from_secs(10),
         }
-    }
-}
-
-#[derive(Debug)]
-pub(super) struct Guard {
-    pub(super) in_flight: Semaphore,
-    pub(super) timeout: Duration,
-}
-
-pub(super) async fn limit(State(guard): State<Arc<Guard>>, req: Request, next: Next) -> Response {
-    let Ok(_permit) = guard.in_flight.try_acquire() else {
-        return AppError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "overloaded",
-            message: "too many requests in flight; retry shortly".into(),
-        }
-        .into_response();
-    };
-    match tokio::time::timeout(guard.timeout, next.run(req)).await {
-        Ok(res) => res,
-        Err(_) => AppError {
-            status: StatusCode::GATEWAY_TIMEOUT,
-            code: "request_timeout",
-            message: format!(
-                "request took longer than {}",
-                humantime::format_duration(guard.timeout)
-            ),
-        }
-        .into_response(),
     }
 }

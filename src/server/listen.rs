@@ -15,11 +15,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use axum::Router;
 use tokio::sync::Semaphore;
 
 use super::limits::ConnLimits;
 use super::write_stall::{AbortOnClose, Stall, Watched};
+use axum::http::Request;
+use axum::response::Response;
+use hyper::body::Incoming;
+use std::convert::Infallible;
 
 /// Where to listen.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,6 +64,34 @@ pub enum Bound {
     Tcp(tokio::net::TcpListener),
     /// Unix socket.
     Unix(tokio::net::UnixListener, PathBuf),
+}
+
+/// What a listener serves: [`super::App`], or any service of the same shape (tests serve
+/// routers of their own).
+pub trait Service:
+    tower_service::Service<
+        Request<Incoming>,
+        Response = Response,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> Service for S where
+    S: tower_service::Service<
+            Request<Incoming>,
+            Response = Response,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static
+{
 }
 
 impl Bound {
@@ -126,18 +157,18 @@ impl Bound {
     }
 
     /// Serves `app` until `shutdown` completes, then finishes in-flight requests.
-    pub async fn serve(
+    pub async fn serve<S: Service>(
         self,
-        app: Router,
+        app: S,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         self.serve_with(app, shutdown, ConnLimits::default()).await
     }
 
     /// As [`Bound::serve`], with connection limits.
-    pub async fn serve_with(
+    pub async fn serve_with<S: Service>(
         self,
-        app: Router,
+        app: S,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
         limits: ConnLimits,
     ) -> std::io::Result<()> {
@@ -146,9 +177,9 @@ impl Bound {
 
     /// As [`Bound::serve_with`]; with `tls`, every connection is TLS (the handshake must
     /// finish within the header read timeout, in the connection's own task).
-    pub async fn serve_tls(
+    pub async fn serve_tls<S: Service>(
         self,
-        app: Router,
+        app: S,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
         limits: ConnLimits,
         tls: Option<tokio_rustls::TlsAcceptor>,
@@ -164,9 +195,9 @@ impl Bound {
     }
 }
 
-async fn accept_loop<L>(
+async fn accept_loop<L, S: Service>(
     listener: L,
-    app: Router,
+    app: S,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     limits: ConnLimits,
     tls: Option<tokio_rustls::TlsAcceptor>,

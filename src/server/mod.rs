@@ -10,25 +10,25 @@
 //!   `--ready-requires-sinks` also every sink written since start; `?verbose` lists each
 //!   check), `GET /metrics` (Prometheus text).
 //!
-//! This module holds the router and the handlers; [`AppError`] is the error answer and
+//! This module holds the router and the handlers; [`front`] the layer every request
+//! passes (counting, in-flight cap, timeout, token); [`AppError`] is the error answer and
 //! its status mapping; [`access`] decides who may ask, [`limits`] how much at once, and
 //! [`listen`] binds TCP or unix sockets and serves them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use axum::Router;
-use axum::extract::{MatchedPath, RawQuery, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use regbroker_provider::{ExposeSecret, Registry, SecretString};
 use std::time::Duration;
-use tokio::sync::Semaphore;
 
 pub mod access;
 mod error;
+mod front;
 pub mod limits;
 pub mod listen;
 mod providers;
@@ -36,14 +36,14 @@ pub mod tls;
 mod write_stall;
 
 pub use error::AppError;
+pub use front::{App, AppFuture};
 
 pub use limits::ConnLimits;
 pub use listen::{Bound, Listen};
 
 use crate::broker::Broker;
 use crate::metrics::Metrics;
-use access::require_token;
-use limits::{Guard, limit};
+use front::{Front, Limit};
 
 /// Most bytes of query string accepted.
 const MAX_QUERY_LEN: usize = 2048;
@@ -80,81 +80,55 @@ impl Default for Options {
     }
 }
 
-/// The router with default [`Options`] (no token).
-pub fn app(state: AppState) -> Router {
+/// The endpoint with default [`Options`] (no token).
+pub fn app(state: AppState) -> App {
     app_with(state, Options::default())
 }
 
-/// The router.
-pub fn app_with(state: AppState, options: Options) -> Router {
-    let credentials_route =
-        get(credentials)
-            .delete(refused)
-            .route_layer(middleware::from_fn_with_state(
-                options.bearer_token.clone(),
-                require_token,
-            ));
-    let guard = Arc::new(Guard {
-        in_flight: Semaphore::new(options.max_in_flight),
-        timeout: options.request_timeout,
-    });
-    Router::new()
-        .route("/v1/credentials", credentials_route)
-        .route(
-            "/v1/providers",
-            get(providers::providers).route_layer(middleware::from_fn_with_state(
-                options.bearer_token.clone(),
-                require_token,
-            )),
-        )
+/// The endpoint: the routes below, behind [`front`]'s layer (counting, limits, token).
+pub fn app_with(state: AppState, options: Options) -> App {
+    let router = Router::new()
+        .route("/v1/credentials", get(credentials).delete(refused))
+        .route("/v1/providers", get(providers::providers))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(guard, limit))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            count_requests,
-        ))
-        .with_state(state)
+        .with_state(state.clone());
+    App::new(
+        router,
+        Front {
+            metrics: state.metrics,
+            limit: Some(Limit {
+                in_flight: AtomicUsize::new(0),
+                max: options.max_in_flight,
+                timeout: options.request_timeout,
+            }),
+            token: options.bearer_token,
+        },
+    )
 }
 
-/// The probe router: `/healthz`, `/readyz` and `/metrics` only, never credentials. It
+/// The probe endpoint: `/healthz`, `/readyz` and `/metrics` only, never credentials. It
 /// serves `serve --probe-listen`, so the kubelet can probe (and Prometheus scrape) a
-/// sidecar whose credential endpoint listens on loopback.
-pub fn probe_app(state: AppState) -> Router {
-    Router::new()
+/// sidecar whose credential endpoint listens on loopback. Counted, not limited.
+pub fn probe_app(state: AppState) -> App {
+    let router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            count_requests,
-        ))
-        .with_state(state)
-}
-
-async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let route = match req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(MatchedPath::as_str)
-    {
-        Some("/v1/credentials") => "/v1/credentials",
-        Some("/v1/providers") => "/v1/providers",
-        Some("/healthz") => "/healthz",
-        Some("/readyz") => "/readyz",
-        Some("/metrics") => "/metrics",
-        _ => "other",
-    };
-    let response = next.run(req).await;
-    state
-        .metrics
-        .http_request(route, response.status().as_u16());
-    response
+        .with_state(state.clone());
+    App::new(
+        router,
+        Front {
+            metrics: state.metrics,
+            limit: None,
+            token: None,
+        },
+    )
 }
 
 /// `DELETE /v1/credentials?registry=HOST`: the client's registry refused the credential
@@ -162,11 +136,8 @@ async fn count_requests(State(state): State<AppState>, req: Request, next: Next)
 /// at most once per `refetch_interval` per credential (`429` with `Retry-After` within
 /// it). A static entry cannot be fetched anew (`409`); a registry nothing serves is
 /// `404` and a malformed one `400`, as for `GET`.
-async fn refused(
-    State(state): State<AppState>,
-    RawQuery(query): RawQuery,
-) -> Result<Response, AppError> {
-    let registry = registry_param(query)?;
+async fn refused(State(state): State<AppState>, uri: Uri) -> Result<Response, AppError> {
+    let registry = registry_param(uri.query())?;
     match state.broker.report_refused(&registry).await? {
         crate::broker::Reported::Forgotten => Ok(StatusCode::NO_CONTENT.into_response()),
         crate::broker::Reported::TooSoon(wait) => {
@@ -193,18 +164,16 @@ async fn refused(
     }
 }
 
-/// The one `registry` query parameter of `/v1/credentials`, parsed.
-fn registry_param(query: Option<String>) -> Result<Registry, AppError> {
+/// The one `registry` query parameter of `/v1/credentials`, parsed. The query is read
+/// where it lies: a value is copied only when it is percent-encoded.
+fn registry_param(query: Option<&str>) -> Result<Registry, AppError> {
     let query = query.unwrap_or_default();
     if query.len() > MAX_QUERY_LEN {
         return Err(AppError::bad_request(format!(
             "query string longer than {MAX_QUERY_LEN} bytes"
         )));
     }
-    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(&query)
-        .map_err(|_| AppError::bad_request("malformed query string"))?;
-    let mut values = pairs
-        .iter()
+    let mut values = form_urlencoded::parse(query.as_bytes())
         .filter(|(k, _)| k == "registry")
         .map(|(_, v)| v);
     let raw = match (values.next(), values.next()) {
@@ -216,18 +185,15 @@ fn registry_param(query: Option<String>) -> Result<Registry, AppError> {
             ));
         }
     };
-    Registry::parse(raw).map_err(|e| AppError {
+    Registry::parse(&raw).map_err(|e| AppError {
         status: StatusCode::BAD_REQUEST,
         code: "invalid_registry",
         message: e.to_string(),
     })
 }
 
-async fn credentials(
-    State(state): State<AppState>,
-    RawQuery(query): RawQuery,
-) -> Result<Response, AppError> {
-    let registry = registry_param(query)?;
+async fn credentials(State(state): State<AppState>, uri: Uri) -> Result<Response, AppError> {
+    let registry = registry_param(uri.query())?;
     let served = state.broker.credential(&registry).await?;
     let expires = served
         .credential
