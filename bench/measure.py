@@ -6,7 +6,8 @@
   rss PID                       print VmRSS of PID in KiB
   fill ADDR PREFIX SUFFIX N     GET /v1/credentials?registry=PREFIX<i, 5 digits>SUFFIX for i < N
                                 over 4 keep-alive connections; fail on any non-200
-  wrk FILE...                   parse wrk --latency outputs: print "rps p99_us" medians
+  wrk FILE...                   parse wrk --latency outputs: print "rps p99_us cpu_us" medians
+                                (cpu_us: the server's CPU per request, from FILE.cpu)
   hyperfine FILE...             print "name median_ms": each command's median of the
                                 exports' medians
   fill-markdown FILE KEY=VALUE  replace @KEY@ placeholders in FILE
@@ -88,7 +89,7 @@ UNITS = {"us": 1, "ms": 1000, "s": 1_000_000}
 
 
 def wrk(files):
-    rps, p99 = [], []
+    rps, p99, cpu = [], [], []
     for name in files:
         text = open(name).read()
         if "Non-2xx" in text or "Socket errors" in text:
@@ -96,7 +97,15 @@ def wrk(files):
         rps.append(float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1)))
         v, unit = re.search(r"\s99%\s+([\d.]+)(us|ms|s)\b", text).groups()
         p99.append(float(v) * UNITS[unit])
-    print(f"{statistics.median(rps):.0f} {statistics.median(p99):.0f}")
+        # The server's CPU time (user + system clock ticks) during the run, when the
+        # script recorded it beside: CPU per request is a figure the machine's other load
+        # hardly moves, unlike requests per second.
+        if os.path.exists(name + ".cpu"):
+            ticks = int(open(name + ".cpu").read())
+            requests = int(re.search(r"(\d+) requests in", text).group(1))
+            cpu.append(ticks * 1e6 / os.sysconf("SC_CLK_TCK") / requests)
+    cpu_us = f"{statistics.median(cpu):.2f}" if cpu else "-"
+    print(f"{statistics.median(rps):.0f} {statistics.median(p99):.0f} {cpu_us}")
 
 
 def hyperfine(paths):

@@ -8,7 +8,7 @@
 #   pip install gcplocal 'moto[server]'        (the test venv: .ci/requirements.txt)
 # Settings: BENCH_DURATION (s per wrk run, default 8), BENCH_ROUNDS (alternating wrk
 # rounds, default 3), BENCH_RUNS (hyperfine runs per command, default 300),
-# BENCH_OUT (default BENCHMARKS.md), BENCH_CRITERION=1 to also run the criterion benches (their first build takes minutes).
+# BENCH_CONCURRENCY (wrk connections, default "1 16 64"), BENCH_OUT (default BENCHMARKS.md), BENCH_CRITERION=1 to also run the criterion benches (their first build takes minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -33,6 +33,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 duration=${BENCH_DURATION:-8}
+concurrency=${BENCH_CONCURRENCY:-1 16 64}
 rounds=${BENCH_ROUNDS:-3}
 runs=${BENCH_RUNS:-300}
 out=${BENCH_OUT:-BENCHMARKS.md}
@@ -123,7 +124,9 @@ curl -sf "http://$sidecar/v1/credentials?registry=$ecr_host" >"$work/static-body
 curl -sf "http://$sidecar/v1/credentials?registry=$gar_host" >"$work/gcp-body.json"
 grep -q '"provider":"gcp"' "$work/gcp-body.json"
 
-declare -A rps p99
+declare -A rps p99 cpu
+# A process's CPU time so far, user and system, in clock ticks (/proc/PID/stat).
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 for path in static gcp; do
   host=$ecr_host
   [ "$path" = gcp ] && host=$gar_host
@@ -138,19 +141,24 @@ for path in static gcp; do
   url_side="http://$sidecar/v1/credentials?registry=$host"
   wrk -t1 -c16 -d1s "$url_bare" >/dev/null
   wrk -t1 -c16 -d1s "$url_side" >/dev/null
-  for r in $(seq 1 "$rounds"); do
-    # Alternate the order, so drift in the machine's load falls on both.
-    if [ $((r % 2)) = 1 ]; then order="bare side"; else order="side bare"; fi
-    for who in $order; do
-      url=$url_bare
-      [ "$who" = side ] && url=$url_side
-      wrk -t1 -c16 -d"${duration}s" --latency "$url" >"$work/wrk-$path-$who-$r.txt"
+  for c in $concurrency; do
+    for r in $(seq 1 "$rounds"); do
+      # Alternate the order, so drift in the machine's load falls on both.
+      if [ $((r % 2)) = 1 ]; then order="bare side"; else order="side bare"; fi
+      for who in $order; do
+        url=$url_bare server=$bare_pid
+        [ "$who" = side ] && url=$url_side server=$sidecar_pid
+        out=$work/wrk-$path-$c-$who-$r.txt
+        before=$(cpu_ticks "$server")
+        wrk -t1 -c"$c" -d"${duration}s" --latency "$url" >"$out"
+        echo $(($(cpu_ticks "$server") - before)) >"$out.cpu"
+      done
+    done
+    for who in bare side; do
+      read -r rps["$path-$c-$who"] p99["$path-$c-$who"] cpu["$path-$c-$who"] < <($measure wrk "$work/wrk-$path-$c-$who-"*.txt)
     done
   done
   kill "$bare_pid"
-  for who in bare side; do
-    read -r rps["$path-$who"] p99["$path-$who"] < <($measure wrk "$work/wrk-$path-$who-"*.txt)
-  done
 done
 bytes_static=$(wc -c <"$work/static-body.json")
 bytes_gcp=$(wc -c <"$work/gcp-body.json")
@@ -299,25 +307,28 @@ helper_row() {
   printf '| %s | %s | **%s** | %s |\n' "$label" "$ms" "$r" "$(verdict "$r" '<=' 0.25)"
 }
 http_row() {
-  local path=$1 label=$2 bytes=$3 tr lr
-  tr=$(ratio "${rps[$path-side]}" "${rps[$path-bare]}")
-  lr=$(ratio "${p99[$path-side]}" "${p99[$path-bare]}")
-  printf '| %s | %s B | %s | %s | **%s** (%s) | %s | %s | **%s** (%s) |\n' "$label" "$bytes" \
-    "${rps[$path-side]}" "${rps[$path-bare]}" "$tr" "$(verdict "$tr" '>=' 0.8)" \
-    "${p99[$path-side]}" "${p99[$path-bare]}" "$lr" "$(verdict "$lr" '<=' 1.5)"
+  local path=$1 label=$2 bytes=$3 c tr lr
+  for c in $concurrency; do
+    tr=$(ratio "${rps[$path-$c-side]}" "${rps[$path-$c-bare]}")
+    lr=$(ratio "${p99[$path-$c-side]}" "${p99[$path-$c-bare]}")
+    printf '| %s | %s B | %s | %s | %s | **%s** (%s) | %s | %s | **%s** (%s) | %s / %s |\n' "$label" "$bytes" "$c" \
+      "${rps[$path-$c-side]}" "${rps[$path-$c-bare]}" "$tr" "$(verdict "$tr" '>=' 0.9)" \
+      "${p99[$path-$c-side]}" "${p99[$path-$c-bare]}" "$lr" "$(verdict "$lr" '<=' 1.1)" \
+      "${cpu[$path-$c-side]}" "${cpu[$path-$c-bare]}"
+  done
 }
 
 figures=$work/figures.md
 {
   echo "Measured $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)), load average at the start $(cut -d' ' -f1-3 /proc/loadavg); regbroker $(git describe --always --dirty), $(rustc --version | cut -d' ' -f1-2)."
-  echo "Binaries: \`scripts/build-release.sh\` for $triple, what the image ships. Command: \`bash bench/run.sh\` (BENCH_DURATION=$duration BENCH_ROUNDS=$rounds BENCH_RUNS=$runs); it took $((SECONDS - started)) s after the build."
+  echo "Binaries: \`scripts/build-release.sh\` for $triple, what the image ships. Command: \`bash bench/run.sh\` (BENCH_DURATION=$duration BENCH_ROUNDS=$rounds BENCH_RUNS=$runs BENCH_CONCURRENCY=\"$concurrency\"); it took $((SECONDS - started)) s after the build."
   echo
   echo "### 1. Sidecar endpoint over loopback vs a bare axum server (same bytes)"
   echo
-  echo "\`wrk -t1 -c16 -d${duration}s --latency\`, ${rounds} alternating rounds each, medians; targets: throughput ≥ 0.8×, p99 ≤ 1.5×."
+  echo "\`wrk -t1 -cC -d${duration}s --latency\` for C in ${concurrency}, ${rounds} alternating rounds each, medians; targets: throughput ≥ 0.9×, p99 ≤ 1.1×."
   echo
-  echo "| path | body | sidecar req/s | bare req/s | ratio | sidecar p99 µs | bare p99 µs | ratio |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| path | body | connections | sidecar req/s | bare req/s | ratio | sidecar p99 µs | bare p99 µs | ratio | server CPU µs per request, sidecar / bare |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   http_row static "static credential (docker config)" "$bytes_static"
   http_row gcp "provider credential from the in-memory cache (gcp via gcplocal)" "$bytes_gcp"
   echo
