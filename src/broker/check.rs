@@ -585,4 +585,88 @@ mod tests {
         assert!(matches!(verdict(S::TOO_MANY_REQUESTS), Verdict::Skipped(_)));
         assert!(matches!(verdict(S::BAD_GATEWAY), Verdict::Skipped(_)));
     }
+
+    #[test]
+    fn a_refusal_outlives_the_credential_until_its_pause_ends() {
+        let checks = Checks::default();
+        let key = Key {
+            provider: "gcp",
+            scope: "s".into(),
+        };
+        let a = reg("a.example.com");
+        let t = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        // Served until 1,100; refused at 1,050 with a pause to 1,250.
+        let pause = |_: u32| Duration::from_secs(200);
+        checks.record(&key, &a, lifetime(1_000), Some((401, t(1_050))), pause);
+        for now in [t(1_100), t(1_200), t(1_249)] {
+            let seen = checks.get(&key, &a, now);
+            assert_eq!(seen.map(|s| s.refusals), Some(1), "{now:?}");
+        }
+        assert_eq!(checks.get(&key, &a, t(1_250)), None, "the pause is over");
+        // Let through: kept while the credential is served, to its stale point.
+        checks.record(&key, &a, lifetime(2_000), None, pause);
+        assert!(checks.get(&key, &a, t(2_099)).is_some());
+        assert_eq!(checks.get(&key, &a, t(2_100)), None);
+    }
+
+    #[test]
+    fn verdicts_are_labelled_for_the_metric() {
+        assert_eq!(Verdict::Accepted(200).as_str(), "accepted");
+        assert_eq!(Verdict::Refused(401).as_str(), "refused");
+        assert_eq!(Verdict::Skipped("x".into()).as_str(), "skipped");
+    }
+
+    fn answer(body: Vec<u8>) -> reqwest::Response {
+        reqwest::Response::from(http::Response::new(body))
+    }
+
+    #[tokio::test]
+    async fn a_token_answer_is_read_up_to_its_bound_and_no_further() {
+        // A token server's answer with padding to exactly `len` bytes.
+        let of_len = |len: usize| {
+            let head = br#"{"token":"t0k","pad":""#.to_vec();
+            let mut body = head.clone();
+            body.resize(len - 2, b'x');
+            body.extend_from_slice(br#""}"#);
+            assert_eq!(body.len(), len);
+            body
+        };
+        for len in [40 * 1024, MAX_TOKEN_BODY] {
+            let token = read_token(answer(of_len(len))).await;
+            assert_eq!(token.as_deref().map(String::as_str), Some("t0k"), "{len}");
+        }
+        assert_eq!(read_token(answer(of_len(MAX_TOKEN_BODY + 1))).await, None);
+    }
+
+    #[tokio::test]
+    async fn a_token_answer_names_its_token_or_an_oauth2_access_token() {
+        let read = |body: &str| read_token(answer(body.as_bytes().to_vec()));
+        let got = |t: Option<Zeroizing<String>>| t.map(|t| t.as_str().to_string());
+        assert_eq!(got(read(r#"{"token":"abc"}"#).await), Some("abc".into()));
+        assert_eq!(
+            got(read(r#"{"access_token":"def"}"#).await),
+            Some("def".into())
+        );
+        assert_eq!(got(read(r#"{"token":""}"#).await), None, "an empty token");
+        assert_eq!(got(read(r#"{"other":"x"}"#).await), None);
+        assert_eq!(got(read("not json").await), None);
+    }
+
+    #[test]
+    fn a_report_taken_before_the_clock_stepped_back_still_holds() {
+        let checks = Checks::default();
+        let key = Key {
+            provider: "gcp",
+            scope: "s".into(),
+        };
+        let t = |s: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(s);
+        let interval = Duration::from_secs(30);
+        assert_eq!(checks.refetch(&key, t(1_000), interval), None);
+        // The clock stepped back 100 s: the report is not forgotten, and the wait is
+        // counted from it.
+        assert_eq!(
+            checks.refetch(&key, t(900), interval),
+            Some(Duration::from_secs(130))
+        );
+    }
 }
