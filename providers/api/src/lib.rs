@@ -19,6 +19,7 @@ mod registry;
 pub mod test_util;
 mod workload;
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
@@ -53,7 +54,9 @@ pub type Options = BTreeMap<String, String>;
 pub struct Target {
     registry: Registry,
     scope: String,
-    params: BTreeMap<String, String>,
+    /// Names are the providers' constants; values are often constants too (a host kind,
+    /// a universe), so neither is copied for every request that builds a target.
+    params: BTreeMap<&'static str, Cow<'static, str>>,
     workload: Option<WorkloadIdentity>,
 }
 
@@ -89,8 +92,8 @@ impl Target {
     }
 
     /// Adds a provider-specific parameter.
-    pub fn with_param(mut self, key: &str, value: impl Into<String>) -> Target {
-        self.params.insert(key.to_string(), value.into());
+    pub fn with_param(mut self, key: &'static str, value: impl Into<Cow<'static, str>>) -> Target {
+        self.params.insert(key, value.into());
         self
     }
 
@@ -106,7 +109,7 @@ impl Target {
 
     /// A provider-specific parameter.
     pub fn param(&self, key: &str) -> Option<&str> {
-        self.params.get(key).map(String::as_str)
+        self.params.get(key).map(|v| &**v)
     }
 }
 

@@ -54,13 +54,15 @@ pub fn parse(host: &str, port: Option<u16>) -> Option<EcrHost> {
     if host == PUBLIC_HOST {
         return Some(EcrHost::Public);
     }
+    // Most hosts asked for are not ECR's: look at the account label before collecting
+    // the labels (every request for another registry passes here in auto-detection).
+    if !host.split('.').next().is_some_and(is_account) {
+        return None;
+    }
     let labels: Vec<&str> = host.split('.').collect();
     // Shortest private host: account.dkr.ecr.region.<2-label suffix> = 6 labels;
     // shortest dual-stack host: account.dkr-ecr.region.on.aws = 5 labels.
     let account = *labels.first()?;
-    if !is_account(account) {
-        return None;
-    }
     let rest = &labels[1..];
     // Private: dkr . ecr[-fips] . region . suffix
     if let ["dkr", ecr, region, suffix @ ..] = rest {

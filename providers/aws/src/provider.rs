@@ -195,10 +195,10 @@ impl AwsProvider {
         let identity = self.identity_scope(role, web_identity);
         let mut t = Target::new(registry.clone(), format!("{identity}|{region}|{account}"))
             .with_param(P_KIND, KIND_PRIVATE)
-            .with_param(P_REGION, region)
-            .with_param(P_ACCOUNT, account);
+            .with_param(P_REGION, region.to_string())
+            .with_param(P_ACCOUNT, account.to_string());
         if let Some(r) = role {
-            t = t.with_param(P_ROLE, r);
+            t = t.with_param(P_ROLE, r.to_string());
         }
         t
     }
@@ -216,7 +216,7 @@ impl AwsProvider {
         )
         .with_param(P_KIND, KIND_PUBLIC);
         if let Some(r) = role {
-            t = t.with_param(P_ROLE, r);
+            t = t.with_param(P_ROLE, r.to_string());
         }
         t
     }

@@ -132,8 +132,13 @@ impl GcpProvider {
             .get_or_init(|| identity::fingerprint(&self.env))
     }
 
-    fn target_in(&self, registry: &Registry, kind: &str, universe: &str) -> Target {
-        Target::new(registry.clone(), cache_scope(universe, self.fingerprint()))
+    fn target_in(
+        &self,
+        registry: &Registry,
+        kind: &'static str,
+        universe: std::borrow::Cow<'static, str>,
+    ) -> Target {
+        Target::new(registry.clone(), cache_scope(&universe, self.fingerprint()))
             .with_param("host_kind", kind)
             .with_param(UNIVERSE_PARAM, universe)
     }
@@ -267,7 +272,7 @@ impl Provider for GcpProvider {
 
     fn recognise(&self, registry: &Registry) -> Option<Target> {
         let kind = hosts::classify(registry)?;
-        Some(self.target_in(registry, kind.as_str(), kind.universe()))
+        Some(self.target_in(registry, kind.as_str(), kind.universe().into()))
     }
 
     fn check_options(&self, options: &Options) -> Result<(), String> {
@@ -294,7 +299,7 @@ impl Provider for GcpProvider {
             (None, Some(d)) => d.to_string(),
             (None, None) => universe::DEFAULT_UNIVERSE.to_string(),
         };
-        Ok(self.target_in(registry, kind, &universe))
+        Ok(self.target_in(registry, kind, universe.into()))
     }
 
     fn bind_workload(
