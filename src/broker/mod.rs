@@ -273,7 +273,7 @@ impl Broker {
             .check(registry, &served.credential, &self.check_policy(registry))
             .await;
         self.metrics.registry_check(verdict.as_str());
-        let pause = |n| cache::failure_pause(self.cache.config(), n, 0.5 + fastrand::f64() / 2.0);
+        let pause = |n| cache::random_failure_pause(self.cache.config(), n);
         match verdict {
             check::Verdict::Accepted(status) => {
                 tracing::info!(%registry, provider, status, "The registry accepted the credential");

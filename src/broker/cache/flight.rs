@@ -9,7 +9,7 @@ use futures_util::FutureExt;
 use futures_util::future::{BoxFuture, Shared};
 use regbroker_provider::{Credential, Error};
 
-use super::{Cache, Entry, Failure, Key, failure_pause, jittered, plan};
+use super::{Cache, Entry, Failure, Key, jittered, plan, random_failure_pause};
 
 type FetchResult = Result<Arc<Entry>, Arc<Error>>;
 type InFlight = Shared<BoxFuture<'static, FetchResult>>;
@@ -223,8 +223,7 @@ impl Cache {
                     let error = Arc::new(e);
                     let consecutive =
                         this.failures.get(&key).await.map_or(0, |f| f.consecutive) + 1;
-                    let pause =
-                        failure_pause(&this.config, consecutive, 0.5 + fastrand::f64() / 2.0);
+                    let pause = random_failure_pause(&this.config, consecutive);
                     let failure = Failure {
                         until: this.clock.now() + pause,
                         consecutive,

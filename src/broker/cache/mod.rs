@@ -42,7 +42,9 @@ mod flight;
 pub mod policy;
 
 use self::flight::{Flight, Joined};
-pub use self::policy::{Config, Lifetime, MAX_SETTING, failure_pause, jittered, plan};
+pub use self::policy::{
+    Config, Lifetime, MAX_SETTING, failure_pause, jittered, plan, random_failure_pause,
+};
 
 /// What the cache holds for a key.
 #[derive(Clone, Debug)]
@@ -368,8 +370,8 @@ mod tests {
         //! time passed" proves no request waited.
 
         use super::super::*;
-        use regbroker_provider::{ExposeSecret, ManualClock};
         use futures_util::FutureExt;
+        use regbroker_provider::{ExposeSecret, ManualClock};
         use std::sync::atomic::{AtomicUsize, Ordering};
         use tokio::time::Instant;
 

@@ -206,6 +206,12 @@ pub fn failure_pause(config: &Config, consecutive: u32, jitter: f64) -> Duration
     pause.mul_f64(jitter.clamp(0.5, 1.0))
 }
 
+/// [`failure_pause`] with a random jitter in [0.5, 1): what the cache and the registry
+/// check hold back for.
+pub fn random_failure_pause(config: &Config, consecutive: u32) -> Duration {
+    failure_pause(config, consecutive, 0.5 + fastrand::f64() / 2.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
