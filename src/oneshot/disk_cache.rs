@@ -555,8 +555,8 @@ impl Persist for DiskCache {
         }
     }
 
-    /// Writes the record, then sweeps: a write follows an upstream fetch, so the
-    /// directory is cleaned at that cadence, a bounded amount each time.
+    /// Removes the record (a client reported the credential refused), unless it is not
+    /// this user's own regular file, or it was written less than `refetch_interval` ago.
     fn forget(&self, key: &Key) {
         use std::os::unix::fs::MetadataExt;
         let path = self.path(key);
@@ -707,6 +707,24 @@ mod tests {
     }
 
     const OTHER_UID: u32 = 65534; // nobody
+
+    #[test]
+    fn forget_removes_its_own_record_and_never_another_users() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::open(dir.path(), clock())
+            .unwrap()
+            .with_refetch_interval(Duration::ZERO);
+        let k = key("s");
+        cache.store(&k, &entry("pw"));
+        cache.forget(&k);
+        assert!(!cache.path(&k).exists(), "its own record is forgotten");
+        cache.store(&k, &entry("pw"));
+        if can_chown() {
+            std::os::unix::fs::chown(cache.path(&k), Some(OTHER_UID), None).unwrap();
+            cache.forget(&k);
+            assert!(cache.path(&k).exists(), "another user's record is left");
+        }
+    }
 
     #[test]
     fn a_directory_owned_by_someone_else_is_refused_and_never_served() {
