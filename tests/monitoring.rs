@@ -378,13 +378,15 @@ async fn a_real_prometheus_evaluates_every_alert_and_panel_and_the_expiry_alert_
         let series = prom.query(&format!("count({{__name__=\"{name}\"}})")).await;
         assert!(!series.is_empty(), "no {name} series scraped");
     }
-    // Every dashboard query returns data.
+    // Every dashboard query returns data (a rate needs two samples in its window: on a
+    // loaded machine a scrape can come late, so each query gets until WAIT).
     for (title, expr) in &panels {
-        let result = prom.query(expr).await;
-        assert!(
-            !result.is_empty(),
-            "panel {title:?}: {expr} returned nothing"
-        );
+        until(
+            &format!("panel {title:?}: {expr} returns data"),
+            &prom,
+            async || (!prom.query(expr).await.is_empty()).then_some(()),
+        )
+        .await;
     }
 
     // Each alert expression says what this state means.
