@@ -160,10 +160,8 @@ where
             && let Some(token) = &self.front.token
             && !access::presents(req.headers(), token)
         {
-            return AppFuture {
-                slot,
-                ..done(access::unauthorized())
-            };
+            // Answered at once: its slot goes back now.
+            return done(access::unauthorized());
         }
         let req = req.map(axum::body::Body::new);
         let future = self.router.call(req);
