@@ -491,7 +491,10 @@ impl Cluster {
         std::fs::write(
             &config,
             format!(
-                "[cache]\nrefresh_fraction = 0.4\nmin_refresh = \"1s\"\nmin_remaining = \"1s\"\n\n\
+                // No refresh jitter: it moves each refresh point earlier by up to a tenth
+                // (0.56 s here), which this test's refresh-interval bounds would count as
+                // a leader writing early (it once failed a run at 5.07 s of 5.6 s).
+                "[cache]\nrefresh_fraction = 0.4\nrefresh_jitter = 0.0\nmin_refresh = \"1s\"\nmin_remaining = \"1s\"\n\n\
                  [[rule]]\nmatch = \"{REGISTRY}\"\nsource = \"gcp\"\n"
             ),
         )
