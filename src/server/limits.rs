@@ -1,6 +1,6 @@
 //! Per-connection limits (open connections, header size and read time, how long an answer
 //! may wait unwritten) that the listener enforces with hyper. The per-request limits
-//! (requests in flight, the request timeout) are [`super::front`]'s.
+//! (requests in flight, the request timeout) are the front layer's (`front.rs`).
 
 use std::time::Duration;
 

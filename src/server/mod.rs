@@ -10,7 +10,7 @@
 //!   `--ready-requires-sinks` also every sink written since start; `?verbose` lists each
 //!   check), `GET /metrics` (Prometheus text).
 //!
-//! This module holds the router and the handlers; [`front`] the layer every request
+//! This module holds the router and the handlers; `front` the layer every request
 //! passes (counting, in-flight cap, timeout, token); [`AppError`] is the error answer and
 //! its status mapping; [`access`] decides who may ask, [`limits`] how much at once, and
 //! [`listen`] binds TCP or unix sockets and serves them.
@@ -85,7 +85,7 @@ pub fn app(state: AppState) -> App {
     app_with(state, Options::default())
 }
 
-/// The endpoint: the routes below, behind [`front`]'s layer (counting, limits, token).
+/// The endpoint: the routes below, behind `front`'s layer (counting, limits, token).
 pub fn app_with(state: AppState, options: Options) -> App {
     let router = Router::new()
         .route("/v1/credentials", get(credentials).delete(refused))
