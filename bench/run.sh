@@ -148,10 +148,10 @@ for path in static gcp; do
       for who in $order; do
         url=$url_bare server=$bare_pid
         [ "$who" = side ] && url=$url_side server=$sidecar_pid
-        out=$work/wrk-$path-$c-$who-$r.txt
+        wrk_out=$work/wrk-$path-$c-$who-$r.txt
         before=$(cpu_ticks "$server")
-        wrk -t1 -c"$c" -d"${duration}s" --latency "$url" >"$out"
-        echo $(($(cpu_ticks "$server") - before)) >"$out.cpu"
+        wrk -t1 -c"$c" -d"${duration}s" --latency "$url" >"$wrk_out"
+        echo $(($(cpu_ticks "$server") - before)) >"$wrk_out.cpu"
       done
     done
     for who in bare side; do
