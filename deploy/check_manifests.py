@@ -229,7 +229,10 @@ def check_credential_provider_config(path, c):
         if not p.get("matchImages") or not p.get("defaultCacheDuration") or not p.get("name"):
             fail(f"{path}: provider needs name, matchImages and defaultCacheDuration")
         t = p.get("tokenAttributes")
-        if t is not None:
+        federated = any(e.get("name") == "REGBROKER_CONFIG" for e in p.get("env", []))
+        if t is not None and federated:
+            check_federated_token_attributes(f"{path}: provider {p.get('name')}", t)
+        elif t is not None:
             check_token_attributes(f"{path}: provider {p.get('name')}", t)
     names = [p.get("name") for p in c.get("providers", [])]
     if len(names) != len(set(names)):
@@ -286,6 +289,18 @@ def check_token_attributes(where, t):
     if listed != keys_for:
         fail(f"{where}: annotation keys {sorted(listed)} are not the ones regbroker reads for "
              f"{audience}: {sorted(keys_for)}")
+
+
+def check_federated_token_attributes(where, t):
+    # A federated entry (its rules in REGBROKER_CONFIG): the audience is the one its
+    # registry trusts, no annotation is read, and the pass-through provider needs
+    # cacheType Token (the kubelet drops a ServiceAccount token as password otherwise).
+    if not t.get("serviceAccountTokenAudience"):
+        fail(f"{where}: a federated entry needs serviceAccountTokenAudience (the rule's audience)")
+    if t.get("cacheType") not in ("ServiceAccount", "Token"):
+        fail(f"{where}: cacheType must be ServiceAccount (exchanges) or Token (pass-through)")
+    if t.get("requiredServiceAccountAnnotationKeys") or t.get("optionalServiceAccountAnnotationKeys"):
+        fail(f"{where}: federated providers read no ServiceAccount annotation")
 
 
 def by_kind(objs, kind):

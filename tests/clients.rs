@@ -20,48 +20,9 @@ use std::time::{Duration, Instant};
 
 use common::ServeProcess;
 use common::process::{CLI_BOUND, KillOnDrop, PEER_CLIENT_BOUND, run_bounded};
-use registry_peer::{Emulator, PASSWORD, Registry, USER, http_status, peer};
-use sha2::{Digest, Sha256};
+use registry_peer::{Emulator, PASSWORD, Registry, USER, http_status, oci_layout, peer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
-
-fn oci_layout(dir: &Path, marker: &str) -> PathBuf {
-    let root = dir.join(format!("layout-{marker}"));
-    let blobs = root.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).unwrap();
-    let put = |bytes: &[u8]| {
-        let digest = format!("{:x}", Sha256::digest(bytes));
-        std::fs::write(blobs.join(&digest), bytes).unwrap();
-        (format!("sha256:{digest}"), bytes.len())
-    };
-    // An empty tar archive (two zero blocks) plus a marker file so images differ.
-    let mut layer = vec![0u8; 1024];
-    layer.extend_from_slice(marker.as_bytes());
-    let (layer_digest, layer_size) = put(&layer);
-    let config = serde_json::json!({
-        "architecture": "amd64", "os": "linux", "config": {},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-    });
-    let (config_digest, config_size) = put(config.to_string().as_bytes());
-    let manifest = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
-    });
-    let (manifest_digest, manifest_size) = put(manifest.to_string().as_bytes());
-    let index = serde_json::json!({
-        "schemaVersion": 2,
-        "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": manifest_digest, "size": manifest_size,
-            "annotations": {"org.opencontainers.image.ref.name": "v1"},
-        }],
-    });
-    std::fs::write(root.join("index.json"), index.to_string()).unwrap();
-    std::fs::write(root.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    root
-}
 
 /// A directory holding `docker-credential-regbroker`, a symlink to the binary (the
 /// documented install).

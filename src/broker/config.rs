@@ -12,7 +12,7 @@
 //!
 //! [[rule]]                   # tried in order; the first match decides
 //! match = "registry.example.com:5000"   # exact host[:port] or kubelet-style glob
-//! source = "static"          # aws | azure | gcp | static | none
+//! source = "static"          # aws | azure | gcp | quay | artifactory | cloudsmith | oidc | static | none
 //!
 //! [[rule]]
 //! match = "ecr-proxy.example.com"
@@ -155,9 +155,15 @@ pub fn parse(text: &str, providers: &Providers) -> Result<Config, String> {
             name => {
                 let provider = providers.get(name).ok_or_else(|| {
                     at(if crate::broker::providers::KNOWN.contains(&name) {
-                        format!("source `{name}` is not available: this build lacks the `{name}` feature")
+                        format!(
+                            "source `{name}` is not available: this build lacks the `{}` feature",
+                            crate::broker::providers::feature_of(name)
+                        )
                     } else {
-                        format!("unknown source `{name}` (expected aws, azure, gcp, static or none)")
+                        format!(
+                            "unknown source `{name}` (expected {}, static or none)",
+                            crate::broker::providers::KNOWN.join(", ")
+                        )
                     })
                 })?;
                 provider.check_options(&raw.options).map_err(at)?;

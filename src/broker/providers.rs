@@ -1,11 +1,29 @@
-//! The cloud providers compiled into this build (cargo features `aws`, `azure`, `gcp`).
+//! The providers compiled into this build: the clouds (cargo features `aws`, `azure`,
+//! `gcp`) and the federated registries (`federated`: `quay`, `artifactory`, `cloudsmith`,
+//! `oidc`, which serve only the hosts a rule names).
 
 use std::sync::Arc;
 
 use regbroker_provider::Provider;
 
 /// Every provider name regbroker knows, whether compiled in or not.
-pub const KNOWN: &[&str] = &["aws", "azure", "gcp"];
+pub const KNOWN: &[&str] = &[
+    "aws",
+    "azure",
+    "gcp",
+    "quay",
+    "artifactory",
+    "cloudsmith",
+    "oidc",
+];
+
+/// The cargo feature that compiles provider `name` in.
+pub fn feature_of(name: &str) -> &str {
+    match name {
+        "quay" | "artifactory" | "cloudsmith" | "oidc" => "federated",
+        other => other,
+    }
+}
 
 /// An ordered set of providers; auto-detection asks them in this order.
 #[derive(Clone, Debug, Default)]
@@ -26,6 +44,14 @@ impl Providers {
             #[cfg(feature = "gcp")]
             Arc::new(regbroker_gcp::GcpProvider::from_env()?),
         ];
+        #[cfg(feature = "federated")]
+        let list = {
+            let mut list = list;
+            for p in regbroker_federated::FederatedProvider::all()? {
+                list.push(Arc::new(p));
+            }
+            list
+        };
         Ok(Providers { list })
     }
 

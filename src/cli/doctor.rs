@@ -183,12 +183,18 @@ pub(super) async fn run(args: DoctorArgs) -> Result<(), Failure> {
             vec![Finding::fail(
                 format!("{name}.identity"),
                 format!("the {name} provider is not compiled into this build"),
-                format!("build with the cargo feature `{name}` (on by default)"),
+                format!(
+                    "build with the cargo feature `{}` (on by default)",
+                    crate::broker::providers::feature_of(name)
+                ),
             )]
         } else {
             vec![Finding::skip(
                 format!("{name}.identity"),
-                format!("not compiled in (cargo feature `{name}`)"),
+                format!(
+                    "not compiled in (cargo feature `{}`)",
+                    crate::broker::providers::feature_of(name)
+                ),
             )]
         };
         sections.push(Section {

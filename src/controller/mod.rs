@@ -41,7 +41,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource as _, ResourceExt as _};
-use regbroker_provider::{Credential, ErrorKind, Registry};
+use regbroker_provider::{Credential, ErrorKind, Registry, Target};
 
 use self::api::{
     FETCHED_AS, OWNER_LABEL, REFRESH_AT, REQUESTED_AT, RegistryCredential,
@@ -390,7 +390,7 @@ async fn reconcile(obj: Arc<RegistryCredential>, ctx: Arc<Context>) -> Result<Ac
 /// Secret's metadata as [`Context::examine`] found it.
 struct Sources<'a> {
     statics: BTreeMap<Registry, Credential>,
-    providers: BTreeMap<Registry, Arc<dyn regbroker_provider::Provider>>,
+    providers: BTreeMap<Registry, (Arc<dyn regbroker_provider::Provider>, Target)>,
     account: Option<(&'a str, tokens::Account)>,
     current: Option<ObjectMeta>,
 }
@@ -433,7 +433,7 @@ fn fetched_as(
     ns: &str,
     sa: &str,
     (uid, annotations): &tokens::Account,
-    providers: &BTreeMap<Registry, Arc<dyn regbroker_provider::Provider>>,
+    providers: &BTreeMap<Registry, (Arc<dyn regbroker_provider::Provider>, Target)>,
 ) -> String {
     use sha2::Digest as _;
     let mut h = sha2::Sha256::new();
@@ -449,7 +449,7 @@ fn fetched_as(
         field(k);
         field(v);
     }
-    for (registry, provider) in providers {
+    for (registry, (provider, _)) in providers {
         field(registry.as_str());
         field(provider.name());
     }
@@ -622,7 +622,7 @@ impl Context {
         }
         // Which provider serves each registry not in spec.secretRef: a routing problem is
         // the operator's or the spec's, whatever the identity.
-        let mut providers: BTreeMap<Registry, Arc<dyn regbroker_provider::Provider>> =
+        let mut providers: BTreeMap<Registry, (Arc<dyn regbroker_provider::Provider>, Target)> =
             BTreeMap::new();
         for (i, registry) in registries.iter().enumerate() {
             if statics.contains_key(registry) {
@@ -635,8 +635,8 @@ impl Context {
                 ))
             };
             match self.broker.decide_contextual(registry).route {
-                Route::Provider(p, _) => {
-                    providers.insert(registry.clone(), p);
+                Route::Provider(p, target) => {
+                    providers.insert(registry.clone(), (p, target));
                 }
                 Route::NotConfigured(m) => {
                     return not_served(format!(
@@ -890,12 +890,20 @@ impl Context {
             let got = if let Some(c) = statics.get(registry) {
                 Ok((c.clone(), "secretRef", None))
             } else {
-                let (Some((sa, account)), Some(provider)) = (account, providers.get(registry))
+                let (Some((sa, account)), Some((provider, target))) =
+                    (account, providers.get(registry))
                 else {
                     continue; // unreachable: every other registry has a provider and an identity
                 };
-                match tokens::workload_identity(&self.tokens, ns, sa, account.clone(), &**provider)
-                    .await
+                match tokens::workload_identity(
+                    &self.tokens,
+                    ns,
+                    sa,
+                    account.clone(),
+                    &**provider,
+                    target,
+                )
+                .await
                 {
                     Err(WorkloadError::Annotations(e)) => {
                         return Ok(Some(stalled(

@@ -244,8 +244,8 @@ pub(crate) async fn credential_as(
 ) -> Result<crate::broker::Served, crate::broker::BrokerError> {
     use crate::broker::{BrokerError, Route};
     let decision = broker.decide(registry);
-    let provider = match &decision.route {
-        Route::Provider(p, _) => p.clone(),
+    let (provider, target) = match &decision.route {
+        Route::Provider(p, t) => (p.clone(), t),
         _ => return broker.serve(registry, decision.route).await,
     };
     let fail = |e: regbroker_provider::Error| BrokerError::Provider {
@@ -253,7 +253,7 @@ pub(crate) async fn credential_as(
         error: Arc::new(e),
     };
     let account = tokens.account(namespace, name).await.map_err(fail)?;
-    let workload = workload_identity(tokens, namespace, name, account, &*provider)
+    let workload = workload_identity(tokens, namespace, name, account, &*provider, target)
         .await
         .map_err(|e| fail(e.into_inner()))?;
     broker.fresh_credential_for(registry, &workload).await
@@ -282,21 +282,24 @@ impl WorkloadError {
 }
 
 /// ServiceAccount `namespace/name` (its UID and identity annotations, as
-/// [`Tokens::account`] read them) as a workload of `provider`: its own token, for the
-/// audience the provider asks.
+/// [`Tokens::account`] read them) as a workload of `provider` for `target`: its own
+/// token, for the audience the provider asks (a federated rule names its own).
 pub(crate) async fn workload_identity(
     tokens: &Tokens,
     namespace: &str,
     name: &str,
     (uid, annotations): Account,
     provider: &dyn regbroker_provider::Provider,
+    target: &regbroker_provider::Target,
 ) -> Result<regbroker_provider::WorkloadIdentity, WorkloadError> {
-    let audience = provider.workload_audience(&annotations).map_err(|e| {
-        WorkloadError::Annotations(regbroker_provider::Error::new(
-            e.kind(),
-            format!("ServiceAccount {namespace}/{name}: {}", e.message()),
-        ))
-    })?;
+    let audience = provider
+        .workload_audience(target, &annotations)
+        .map_err(|e| {
+            WorkloadError::Annotations(regbroker_provider::Error::new(
+                e.kind(),
+                format!("ServiceAccount {namespace}/{name}: {}", e.message()),
+            ))
+        })?;
     // Every stored ServiceAccount has a UID; one without (an API anomaly) is refused
     // rather than cached under a scope a later ServiceAccount of that name would share.
     let account = regbroker_provider::ServiceAccount::new(namespace, name, Some(uid.clone()))

@@ -151,15 +151,7 @@ fn respond(
             let life = cache::plan(&config, now, c.expires_at());
             let usable = life.stale_at.duration_since(now).unwrap_or(Duration::ZERO);
             response["cacheDuration"] = go_duration(usable).into();
-            // The kubelet refuses a password equal to the ServiceAccount token (unless
-            // `cacheType: Token`); a provider that echoed it would be a bug, never sent.
-            if let Some(w) = &workload
-                && c.secret().expose_secret() == w.token().expose_secret()
-            {
-                return Err(
-                    "the provider answered the ServiceAccount token itself as the password; refusing to return it".into(),
-                );
-            }
+            check_pass_through(&c, workload.as_ref())?;
             response["auth"] = serde_json::json!({
                 registry.as_str(): {
                     "username": c.username(),
@@ -171,9 +163,53 @@ fn respond(
     Ok(response)
 }
 
+/// The kubelet takes the ServiceAccount token itself as a password only from a provider
+/// entry with `tokenAttributes.cacheType: Token` (it caches the answer per token then).
+/// The pass-through provider (`oidc`) needs the pulling pod's own token: without one
+/// (no `tokenAttributes`), it would hand the node's token to every pod, so it is refused
+/// naming the fields to set. Any other provider answering the token is a bug, refused.
+fn check_pass_through(
+    c: &regbroker_provider::Credential,
+    workload: Option<&WorkloadIdentity>,
+) -> Result<(), super::Failed> {
+    match workload {
+        None if c.passes_subject_token() => Err(
+            "the oidc provider passes the pulling pod's ServiceAccount token through as the password, and the kubelet sent no token: give this provider's entry in the kubelet's CredentialProviderConfig `tokenAttributes` with `serviceAccountTokenAudience` (the rule's audience) and `cacheType: Token`"
+                .into(),
+        ),
+        Some(w)
+            if !c.passes_subject_token()
+                && c.secret().expose_secret() == w.token().expose_secret() =>
+        {
+            Err("the provider answered the ServiceAccount token itself as the password; refusing to return it".into())
+        }
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_token_as_password_is_answered_only_by_the_pass_through_for_the_pod_itself() {
+        let jwt = regbroker_provider::test_util::service_account_jwt("team-a", "puller", "u-1");
+        let w = WorkloadIdentity::from_token(jwt.clone().into(), BTreeMap::new()).unwrap();
+        let echo = regbroker_provider::Credential::new("oidc", jwt.clone(), None);
+        let pass = echo.clone().passing_subject_token();
+        let other = regbroker_provider::Credential::new("robot", "answer".to_string(), None);
+        assert!(check_pass_through(&pass, Some(&w)).is_ok());
+        assert!(check_pass_through(&other, Some(&w)).is_ok());
+        assert!(check_pass_through(&other, None).is_ok());
+        let e = check_pass_through(&pass, None).unwrap_err().message;
+        assert!(
+            e.contains("cacheType: Token") && e.contains("tokenAttributes"),
+            "{e}"
+        );
+        let e = check_pass_through(&echo, Some(&w)).unwrap_err().message;
+        assert!(e.contains("refusing"), "{e}");
+        assert!(!e.contains(&jwt));
+    }
 
     #[test]
     fn go_durations() {

@@ -509,3 +509,44 @@ impl Registry {
         panic!("the distribution registry (token auth) did not start: {last}");
     }
 }
+
+/// A one-layer OCI image layout under `dir` (tag `v1`), its layer holding `marker` so
+/// that images differ: what a test pushes with skopeo and pulls back.
+pub fn oci_layout(dir: &Path, marker: &str) -> PathBuf {
+    let root = dir.join(format!("layout-{marker}"));
+    let blobs = root.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    use sha2::{Digest as _, Sha256};
+    let put = |bytes: &[u8]| {
+        let digest = format!("{:x}", Sha256::digest(bytes));
+        std::fs::write(blobs.join(&digest), bytes).unwrap();
+        (format!("sha256:{digest}"), bytes.len())
+    };
+    // An empty tar archive (two zero blocks) plus a marker file so images differ.
+    let mut layer = vec![0u8; 1024];
+    layer.extend_from_slice(marker.as_bytes());
+    let (layer_digest, layer_size) = put(&layer);
+    let config = serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": {},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    });
+    let (config_digest, config_size) = put(config.to_string().as_bytes());
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
+    });
+    let (manifest_digest, manifest_size) = put(manifest.to_string().as_bytes());
+    let index = serde_json::json!({
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": manifest_digest, "size": manifest_size,
+            "annotations": {"org.opencontainers.image.ref.name": "v1"},
+        }],
+    });
+    std::fs::write(root.join("index.json"), index.to_string()).unwrap();
+    std::fs::write(root.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    root
+}

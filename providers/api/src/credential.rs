@@ -33,6 +33,7 @@ pub fn cap_expiry(expires_at: Option<SystemTime>, now: SystemTime) -> Option<Sys
 pub struct Credential {
     shared: Arc<Shared>,
     expires_at: Option<SystemTime>,
+    subject_token: bool,
 }
 
 struct Shared {
@@ -46,6 +47,7 @@ impl std::fmt::Debug for Credential {
             .field("username", &self.shared.username)
             .field("secret", &self.shared.secret)
             .field("expires_at", &self.expires_at)
+            .field("subject_token", &self.subject_token)
             .finish()
     }
 }
@@ -63,6 +65,7 @@ impl Credential {
                 secret: secret.into(),
             }),
             expires_at,
+            subject_token: false,
         }
     }
 
@@ -97,6 +100,20 @@ impl Credential {
     /// When the issuer says the secret stops working, if it said.
     pub fn expires_at(&self) -> Option<SystemTime> {
         self.expires_at
+    }
+
+    /// This credential marked as passing the caller's own subject token through as the
+    /// password (the `oidc` provider): such a credential is never written to a disk
+    /// cache, and the kubelet takes it only with `cacheType: Token`.
+    pub fn passing_subject_token(mut self) -> Credential {
+        self.subject_token = true;
+        self
+    }
+
+    /// Whether the secret is the caller's own subject token
+    /// ([`Credential::passing_subject_token`]).
+    pub fn passes_subject_token(&self) -> bool {
+        self.subject_token
     }
 
     /// Whether the secret is an identity token (docker's `<token>` username).

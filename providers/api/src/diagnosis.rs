@@ -131,6 +131,9 @@ pub enum IdentityKind {
     KeyFile,
     /// GCP: an `external_account` file (workload identity federation).
     ExternalAccount,
+    /// Federated providers: the OIDC token each routing rule names (a projected
+    /// ServiceAccount token file, or the workload's own token), never an ambient one.
+    RuleToken,
     /// Nothing found.
     None,
 }
@@ -149,6 +152,7 @@ impl IdentityKind {
             IdentityKind::MetadataServer => "metadata_server",
             IdentityKind::KeyFile => "key_file",
             IdentityKind::ExternalAccount => "external_account",
+            IdentityKind::RuleToken => "rule_token",
             IdentityKind::None => "none",
         }
     }
@@ -261,9 +265,6 @@ impl Claims {
 
 /// How far a token's `iat` may be ahead of this clock before doctor blames the clock.
 pub const CLOCK_SKEW_LIMIT: Duration = Duration::from_secs(5 * 60);
-
-/// Most bytes read of a token file (projected tokens are about 1 KiB).
-const MAX_TOKEN_FILE: u64 = 64 * 1024;
 
 /// A projected service-account token file to check (see [`check_token_file`]).
 #[derive(Clone, Copy, Debug)]
@@ -415,19 +416,12 @@ fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::Read as _;
     let mut out = Vec::new();
     std::fs::File::open(path)?
-        .take(MAX_TOKEN_FILE)
+        .take(crate::subject_token::MAX_TOKEN_FILE)
         .read_to_end(&mut out)?;
     Ok(out)
 }
 
-/// An I/O error's reason without repeating any file content.
-fn io_reason(e: &std::io::Error) -> String {
-    match e.kind() {
-        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
-        std::io::ErrorKind::IsADirectory => "it is a directory".into(),
-        _ => e.to_string(),
-    }
-}
+use crate::subject_token::io_reason;
 
 /// A claim value for a message: printable ASCII, at most 200 characters.
 fn shown(s: &str) -> String {

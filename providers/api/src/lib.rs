@@ -15,6 +15,7 @@ mod credential;
 pub mod diagnosis;
 mod error;
 mod registry;
+pub mod subject_token;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
 mod workload;
@@ -148,12 +149,17 @@ pub trait Provider: Send + Sync + fmt::Debug {
         )))
     }
 
-    /// The audience a workload's ServiceAccount token must have for this cloud's
-    /// exchange, given the ServiceAccount's `annotations` (for callers that request the
-    /// token themselves, as the Secret sync does with TokenRequest). An error names the
-    /// annotation that is missing or malformed.
-    fn workload_audience(&self, annotations: &BTreeMap<String, String>) -> Result<String, Error> {
-        let _ = annotations;
+    /// The audience a workload's ServiceAccount token must have for this provider's
+    /// exchange of `target` (from [`Provider::recognise`] or [`Provider::target`]: a rule
+    /// may name the audience), given the ServiceAccount's `annotations` (for callers that
+    /// request the token themselves, as the Secret sync does with TokenRequest). An error
+    /// names the annotation or option that is missing or malformed.
+    fn workload_audience(
+        &self,
+        target: &Target,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<String, Error> {
+        let _ = (target, annotations);
         Err(Error::invalid_config(format!(
             "the {} provider cannot use a workload's own identity (a ServiceAccount token) yet",
             self.name()

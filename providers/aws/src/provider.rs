@@ -288,6 +288,7 @@ impl Provider for AwsProvider {
 
     fn workload_audience(
         &self,
+        _target: &Target,
         _annotations: &std::collections::BTreeMap<String, String>,
     ) -> Result<String, Error> {
         Ok(crate::web_identity::AUDIENCE.to_string())

@@ -374,6 +374,7 @@ impl Provider for AzureProvider {
 
     fn workload_audience(
         &self,
+        _target: &Target,
         _annotations: &std::collections::BTreeMap<String, String>,
     ) -> Result<String, Error> {
         Ok(crate::workload::AUDIENCE.to_string())

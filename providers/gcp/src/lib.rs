@@ -314,7 +314,11 @@ impl Provider for GcpProvider {
         workload::bind(&self.env, target, workload, &universe)
     }
 
-    fn workload_audience(&self, annotations: &BTreeMap<String, String>) -> Result<String, Error> {
+    fn workload_audience(
+        &self,
+        _target: &Target,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<String, Error> {
         workload::audience(&self.env, annotations, universe::DEFAULT_UNIVERSE)
     }
 

@@ -164,13 +164,14 @@ async fn gkes_own_pool_is_used_when_the_cluster_is_named() {
         ],
         &clock,
     );
+    let registry = Registry::parse("europe-docker.pkg.dev").unwrap();
     assert_eq!(
-        p.workload_audience(&Default::default()).unwrap(),
+        p.workload_audience(&p.recognise(&registry).unwrap(), &Default::default())
+            .unwrap(),
         "my-project.svc.id.goog"
     );
     let jwt = token("team-a");
     let w = workload(&jwt, &[(SERVICE_ACCOUNT_ANNOTATION, EMAIL)]);
-    let registry = Registry::parse("europe-docker.pkg.dev").unwrap();
     let t = p.bind_workload(p.recognise(&registry).unwrap(), w).unwrap();
     let c = p.fetch(&t).await.unwrap();
     assert_eq!(c.secret().expose_secret(), "ya29.impersonated");

@@ -211,7 +211,11 @@ impl Cache {
                     });
                     this.entries.insert(key.clone(), entry.clone()).await;
                     this.failures.invalidate(&key).await;
-                    if let Some(p) = &this.persist {
+                    // A pass-through credential is a ServiceAccount token: it never
+                    // reaches a disk cache (it is fetched again, cheaply, from the token).
+                    if let Some(p) = &this.persist
+                        && !entry.credential.passes_subject_token()
+                    {
                         p.store(&key, &entry);
                     }
                     if refresh {
