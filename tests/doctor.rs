@@ -474,3 +474,110 @@ fn a_rule_whose_provider_refuses_the_host_fails_with_the_missing_options() {
         run.out
     );
 }
+
+#[test]
+fn a_federated_rule_is_checked_token_file_first_then_one_exchange() {
+    let now = unix_now();
+    let dir = tempfile::tempdir().unwrap();
+    let token = projected_token("quay.example.com", now - 60, now + 3600);
+    let file = dir.path().join("token");
+    std::fs::write(&file, &token).unwrap();
+    let config = |token_file: &str, audience: &str| {
+        let path = dir.path().join(format!("{audience}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "[[rule]]\nmatch = \"quay.example.com\"\nsource = \"quay\"\noptions = {{ audience = \"{audience}\", robot = \"acme+puller\", url = \"http://127.0.0.1:{}\", token_file = \"{token_file}\" }}\n",
+                closed_port()
+            ),
+        )
+        .unwrap();
+        path.display().to_string()
+    };
+    let file_str = file.display().to_string();
+
+    // A readable token for the rule's audience: the file passes, the exchange (a closed
+    // port) fails, naming the exchange.
+    let good = config(&file_str, "quay.example.com");
+    let run = doctor(
+        &[
+            "--config",
+            &good,
+            "--timeout",
+            "2s",
+            "--output",
+            "json",
+            "quay.example.com",
+        ],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}{}", run.out, run.err);
+    let report: serde_json::Value = serde_json::from_str(&run.out).unwrap();
+    let findings: Vec<(String, String, String)> = report["registries"][0]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["check"].as_str().unwrap().to_string(),
+                f["status"].as_str().unwrap().to_string(),
+                f["detail"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let find = |check: &str| {
+        findings
+            .iter()
+            .filter(|(c, ..)| c == check)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let token_checks = find("quay.token_file");
+    assert!(
+        token_checks
+            .iter()
+            .any(|(_, _, d)| d.contains("audience quay.example.com")),
+        "{token_checks:?}"
+    );
+    assert!(
+        token_checks.iter().all(|(_, s, _)| s != "fail"),
+        "{token_checks:?}"
+    );
+    let exchange = find("registry.exchange");
+    assert_eq!(exchange.len(), 1, "{findings:?}");
+    assert_eq!(exchange[0].1, "fail");
+    assert!(
+        exchange[0].2.contains("Quay robot federation"),
+        "{exchange:?}"
+    );
+    assert_no_secret(&run, &token.split('.').collect::<Vec<_>>());
+
+    // A missing token file is a failed check naming the file.
+    let missing = config("/nonexistent/regbroker/quay", "quay.example.com");
+    let run = doctor(
+        &["--config", &missing, "--timeout", "2s", "quay.example.com"],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}{}", run.out, run.err);
+    assert!(run.out.contains("token file missing"), "{}", run.out);
+    assert!(
+        run.out.contains("/nonexistent/regbroker/quay"),
+        "{}",
+        run.out
+    );
+
+    // A token for another audience: doctor says so before the exchange refuses it.
+    let other = config(&file_str, "other.example.com");
+    let run = doctor(
+        &["--config", &other, "--timeout", "2s", "quay.example.com"],
+        &[],
+    );
+    assert_eq!(run.code, Some(1), "{}{}", run.out, run.err);
+    assert!(run.out.contains("other.example.com"), "{}", run.out);
+    assert!(
+        run.out.contains("not the rule's `other.example.com`"),
+        "{}",
+        run.out
+    );
+    assert_no_secret(&run, &token.split('.').collect::<Vec<_>>());
+}

@@ -318,6 +318,9 @@ async fn registry_section(
         }
         _ => findings.push(Finding::info("registry.route", route_detail)),
     }
+    if let Route::Provider(p, target) = &decision.route {
+        findings.extend(p.diagnose_target(target));
+    }
     let served = tokio::time::timeout(timeout * 2, broker.serve(registry, decision.route)).await;
     findings.push(match &served {
         Err(_) => Finding::fail(

@@ -182,6 +182,16 @@ pub trait Provider: Send + Sync + fmt::Debug {
         Vec::new()
     }
 
+    /// `regbroker doctor REGISTRY`: checks of what a fetch for `target` would use that
+    /// its rule names (the federated providers' token file: present, readable, its
+    /// audience and expiry), before doctor's one real exchange. No network call; no
+    /// finding holds a secret or a token. Clouds check their identity in
+    /// [`Provider::diagnose`] instead.
+    fn diagnose_target(&self, target: &Target) -> Vec<Finding> {
+        let _ = target;
+        Vec::new()
+    }
+
     /// `regbroker doctor`: which identity this provider would use and why, then one real
     /// call that checks the identity endpoint accepts it, every network call bounded by
     /// `timeout`. Findings never hold a secret or a token.

@@ -25,7 +25,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::SystemTime;
 
-use regbroker_provider::diagnosis::{Claims, IdentityKind, rfc3339};
+use regbroker_provider::diagnosis::{
+    Claims, Diagnosis, Finding, IdentityKind, TokenFile, check_token_file, rfc3339,
+};
 use regbroker_provider::{
     BoxFuture, Credential, Error, ExposeSecret, Options, Provider, Registry, SecretString,
     SharedClock, Target, WorkloadIdentity, fingerprint, system_clock,
@@ -275,6 +277,45 @@ impl Provider for FederatedProvider {
 
     fn identity_kind(&self) -> IdentityKind {
         IdentityKind::RuleToken
+    }
+
+    fn diagnose_target(&self, target: &Target) -> Vec<Finding> {
+        let check = format!("{}.token_file", self.kind.name());
+        let audience = target.param(options::AUDIENCE).unwrap_or_default();
+        let Some(file) = target.param(options::TOKEN_FILE) else {
+            return vec![Finding::info(
+                check,
+                "the rule names no token_file: only a workload's own token is used (Secrets and RegistryCredentials with a ServiceAccount, the kubelet's KEP-4412 token)",
+            )];
+        };
+        let fix = format!(
+            "project the ServiceAccount token with `audience: {audience}` (the rule's `audience` option), or set the rule's audience to the one the registry trusts"
+        );
+        check_token_file(&TokenFile {
+            check: &check,
+            named_by: "the rule's token_file",
+            path: Path::new(file),
+            expected_audiences: &[audience],
+            audience_fix: &fix,
+            now: self.clock.now(),
+        })
+        .findings
+    }
+
+    fn diagnose(&self, _timeout: std::time::Duration) -> BoxFuture<'_, Diagnosis> {
+        let name = self.kind.name();
+        Box::pin(async move {
+            Diagnosis {
+                identity: IdentityKind::RuleToken,
+                explicit: false,
+                findings: vec![Finding::info(
+                    format!("{name}.identity"),
+                    format!(
+                        "{name} serves only the registries a rule names, with the token that rule names: `regbroker doctor REGISTRY` checks one (its token file, then one exchange)"
+                    ),
+                )],
+            }
+        })
     }
 }
 
