@@ -4,6 +4,7 @@
 #   kube-apiserver=...  kube-controller-manager=...  kubectl=...  etcd=...
 #   source-controller=...  source-controller-crds=DIR  helm=...  actionlint=...
 #   prometheus=...  promtool=...  prometheus-operator-crds=DIR  registry-token-server=...
+#   crane=...  kubelet-credential-harness=...
 # Everything else (progress, build times, errors) goes to stderr.
 #
 # Usage: scripts/peers.sh [--only NAME[,NAME...]] [--print-versions] [--help]
@@ -78,10 +79,18 @@ REGISTRY_TOKEN_SERVER_REPLACES="github.com/gorilla/mux=github.com/gorilla/mux@v1
   github.com/sirupsen/logrus=github.com/sirupsen/logrus@v1.10.2
   github.com/docker/libtrust=github.com/docker/libtrust@v0.0.0-20160708172513-aabc10ec26b7
   golang.org/x/crypto=golang.org/x/crypto@v0.59.0 golang.org/x/sys=golang.org/x/sys@v0.50.0"
+# github.com/google/go-containerregistry (cmd/crane, a registry client the tests pull with);
+# newest on the proxy, and its go.mod asks for no newer Go than 1.26.
+CRANE_VERSION=v0.22.1
+# kubelet-credential-harness: our own scripts/kubelet-harness/main.go around the kubelet's
+# credential-provider plugin package, built against k8s.io/kubernetes@$KUBE_VERSION. Its
+# cache key adds a hash of the source, so an edit rebuilds it.
+HARNESS_SRC=$(cd "$(dirname "$0")" && pwd)/kubelet-harness
+HARNESS_VERSION=$KUBE_VERSION-src.$(cat "$HARNESS_SRC"/*.go 2>/dev/null | sha256sum | cut -c1-12)
 # -----------------------------------------------------------------------------------------
 
 ALL_PEERS=(kube-apiserver kube-controller-manager kubectl etcd source-controller source-controller-crds helm actionlint
-  prometheus promtool prometheus-operator-crds registry-token-server)
+  prometheus promtool prometheus-operator-crds registry-token-server crane kubelet-credential-harness)
 PEERS_DIR=${REGBROKER_PEERS_DIR:-$HOME/.cache/regbroker-peers}
 LOG_DIR=$PEERS_DIR/logs
 
@@ -103,6 +112,8 @@ version_of() {
     prometheus | promtool) echo "$PROMETHEUS_VERSION" ;;
     prometheus-operator-crds) echo "$PROMETHEUS_OPERATOR_VERSION" ;;
     registry-token-server) echo "$REGISTRY_TOKEN_SERVER_VERSION" ;;
+    crane) echo "$CRANE_VERSION" ;;
+    kubelet-credential-harness) echo "$HARNESS_VERSION" ;;
     *) return 1 ;;
   esac
 }
@@ -234,13 +245,16 @@ gomod_replaces() {
   ' "$1"
 }
 
-# scratch_build NAME MODULE VERSION LOCAL_VERSION PACKAGE LDFLAGS OUTDIR LOGFILE [EXTRA]
+# scratch_build NAME MODULE VERSION LOCAL_VERSION PACKAGE LDFLAGS OUTDIR LOGFILE [EXTRA [SOURCE]]
 # Builds PACKAGE from MODULE@VERSION in a scratch module that copies MODULE's replace
 # directives: a local one (./x, ../x) becomes OLD => OLD@LOCAL_VERSION when OLD is required,
 # any other is copied as it stands. EXTRA holds more `go mod edit -replace` arguments
-# (OLD=NEW@VERSION, space-separated). The binary lands in OUTDIR/NAME.
+# (OLD=NEW@VERSION, space-separated). With SOURCE (a directory of our own *.go files, a
+# main package), those files are the scratch module's own package, built against
+# MODULE@VERSION instead of PACKAGE (pass "."). The binary lands in OUTDIR/NAME.
 scratch_build() {
   local name=$1 mod=$2 ver=$3 localver=$4 pkg=$5 ldflags=$6 outdir=$7 logf=$8 extra=${9:-}
+  local source=${10:-}
   local src=$outdir.src gomod old oldver new newver r
   local -A required=()
   # Called as `scratch_build ... || fail_peer`, where set -e does not apply: every step
@@ -269,7 +283,12 @@ scratch_build() {
   for r in $extra; do
     run "$logf" "$GO" mod edit "-replace=$r" || return 1
   done
-  run "$logf" "$GO" get "$pkg@$ver" || return 1
+  if [[ -n $source ]]; then
+    cp "$source"/*.go "$src/" || return 1
+    run "$logf" "$GO" get "$mod@$ver" || return 1
+  else
+    run "$logf" "$GO" get "$pkg@$ver" || return 1
+  fi
   run "$logf" "$GO" build -trimpath -ldflags "$ldflags" -o "$outdir/$name" "$pkg" || return 1
   cd "$PEERS_DIR"
 }
@@ -378,6 +397,21 @@ build_peer() {
         "$out" "$logf" || fail_peer "$name" "$ver" "$logf"
       check=(--version)
       ;;
+    crane)
+      scratch_build crane github.com/google/go-containerregistry "$ver" "$ver" \
+        github.com/google/go-containerregistry/cmd/crane \
+        "-s -w -X github.com/google/go-containerregistry/cmd/crane/cmd.Version=$ver" \
+        "$out" "$logf" || fail_peer "$name" "$ver" "$logf"
+      check=(version)
+      ;;
+    kubelet-credential-harness)
+      # Our own main package (scripts/kubelet-harness) against k8s.io/kubernetes at
+      # kube-apiserver's version, with the same staging replaces (shares its build cache).
+      scratch_build kubelet-credential-harness k8s.io/kubernetes "$KUBE_VERSION" \
+        "v0.${KUBE_VERSION#v1.}" . "-s -w" "$out" "$logf" "" "$HARNESS_SRC" \
+        || fail_peer "$name" "$ver" "$logf"
+      check=(--help)
+      ;;
     registry-token-server)
       scratch_build registry-token-server github.com/docker/distribution "$ver" "$ver" \
         github.com/docker/distribution/contrib/token-server "-s -w" "$out" "$logf" \
@@ -426,7 +460,7 @@ build_peer() {
     fail_peer "$name" "$ver" "$logf"
   fi
   case $name in
-    source-controller | registry-token-server) log "$name ${check[*]} works" ;;
+    source-controller | registry-token-server | kubelet-credential-harness) log "$name ${check[*]} works" ;;
     *) log "$name ${check[*]}: $(head -n 3 <<<"$version_out" | tr '\n' ' ')" ;;
   esac
   install_dir "$name" "$out" "$final"
