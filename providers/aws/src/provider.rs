@@ -22,6 +22,7 @@ use crate::builder::Builder;
 use crate::clients::{ClientCache, ClientKey};
 use crate::host::{self, EcrHost};
 use crate::options::RuleOptions;
+use crate::web_identity;
 
 pub(crate) const P_KIND: &str = "kind";
 pub(crate) const P_REGION: &str = "region";
@@ -164,12 +165,35 @@ impl AwsProvider {
             ));
         };
         let sts_region = place.map_or(PUBLIC_REGION, |(region, _)| region);
-        let (creds, session_end) = self.assume_web_identity(workload, role, sts_region).await?;
+        let sdk = self.sdk_config().await;
+        self.sts_budget.acquire(&sts_region.to_string()).await;
+        let (creds, session_end) = web_identity::assume(sdk, workload, role, sts_region).await?;
         let credential = match place {
             Some((region, account)) => self.fetch_private_as(creds, role, region, account).await?,
             None => self.fetch_public_as(creds, role).await?,
         };
-        Ok(crate::web_identity::within_session(credential, session_end))
+        Ok(web_identity::within_session(credential, session_end))
+    }
+
+    /// [`regbroker_provider::Provider::bind_workload`] for AWS: the target of the same
+    /// registry, with the workload's role in its scope and parameters.
+    pub(crate) fn bind(&self, target: Target, workload: WorkloadIdentity) -> Result<Target, Error> {
+        let role = web_identity::role_of(&workload)?;
+        let rebuilt = match (target.param(P_REGION), target.param(P_ACCOUNT)) {
+            _ if target.param(P_KIND) == Some(KIND_PUBLIC) => {
+                self.public_target(target.registry(), Some(role), true)
+            }
+            (Some(region), Some(account)) => {
+                self.private_target(target.registry(), Some(role), region, account, true)
+            }
+            _ => {
+                return Err(Error::invalid_config(format!(
+                    "{} was not prepared by the aws provider",
+                    target.registry()
+                )));
+            }
+        };
+        Ok(rebuilt.for_workload(workload))
     }
 
     /// The scope's identity part: the role (or `default`, the chain's own identity),
@@ -291,7 +315,7 @@ impl Provider for AwsProvider {
         _target: &Target,
         _annotations: &std::collections::BTreeMap<String, String>,
     ) -> Result<String, Error> {
-        Ok(crate::web_identity::AUDIENCE.to_string())
+        Ok(web_identity::AUDIENCE.to_string())
     }
 
     fn fetch<'a>(&'a self, target: &'a Target) -> BoxFuture<'a, Result<Credential, Error>> {
@@ -445,7 +469,7 @@ mod tests {
         let w = WorkloadIdentity::from_token(
             service_account_jwt("team-a", "puller", "u-1").into(),
             [(
-                crate::web_identity::ECR_ROLE_ANNOTATION.to_string(),
+                web_identity::ECR_ROLE_ANNOTATION.to_string(),
                 role.to_string(),
             )]
             .into(),

@@ -20,10 +20,11 @@ use std::time::SystemTime;
 
 use aws_credential_types::Credentials;
 use aws_sdk_sts::config::Region;
-use regbroker_provider::{Credential, Error, ExposeSecret, Target, WorkloadIdentity};
+use aws_types::SdkConfig;
+use regbroker_provider::{Credential, Error, ExposeSecret, WorkloadIdentity};
 
+use crate::errors;
 use crate::options::is_role_arn;
-use crate::{AwsProvider, errors};
 
 /// The kubelet plugin's annotation for the role to assume for image pulls.
 pub const ECR_ROLE_ANNOTATION: &str = "eks.amazonaws.com/ecr-role-arn";
@@ -70,70 +71,43 @@ pub fn session_name(workload: &WorkloadIdentity) -> String {
     format!("{}-{hash}", &full[..MAX_SESSION_NAME - hash.len() - 1])
 }
 
-impl AwsProvider {
-    /// [`regbroker_provider::Provider::bind_workload`] for AWS: the target of the same
-    /// registry, with the workload's role in its scope and parameters.
-    pub(crate) fn bind(&self, target: Target, workload: WorkloadIdentity) -> Result<Target, Error> {
-        let role = role_of(&workload)?;
-        let rebuilt = match (
-            target.param(crate::provider::P_REGION),
-            target.param(crate::provider::P_ACCOUNT),
-        ) {
-            _ if target.param(crate::provider::P_KIND) == Some(crate::provider::KIND_PUBLIC) => {
-                self.public_target(target.registry(), Some(role), true)
-            }
-            (Some(region), Some(account)) => {
-                self.private_target(target.registry(), Some(role), region, account, true)
-            }
-            _ => {
-                return Err(Error::invalid_config(format!(
-                    "{} was not prepared by the aws provider",
-                    target.registry()
-                )));
-            }
-        };
-        Ok(rebuilt.for_workload(workload))
-    }
-
-    /// Assumes `role` with `workload`'s token, through STS in `region`: credentials that
-    /// are the workload's own, and when they stop working.
-    pub(crate) async fn assume_web_identity(
-        &self,
-        workload: &WorkloadIdentity,
-        role: &str,
-        region: &str,
-    ) -> Result<(Credentials, Option<SystemTime>), Error> {
-        let sa = workload.service_account();
-        let what = format!("STS AssumeRoleWithWebIdentity for ServiceAccount {sa} in {region}");
-        let sdk = self.sdk_config().await;
-        self.sts_budget.acquire(&region.to_string()).await;
-        let conf = aws_sdk_sts::config::Builder::from(sdk)
-            .region(Region::new(region.to_string()))
-            .build();
-        let out = aws_sdk_sts::Client::from_conf(conf)
-            .assume_role_with_web_identity()
-            .role_arn(role)
-            .role_session_name(session_name(workload))
-            .web_identity_token(workload.token().expose_secret())
-            .send()
-            .await
-            .map_err(|e| errors::map_sdk_error(&what, e))?;
-        let Some(c) = out.credentials() else {
-            return Err(Error::bad_response(format!(
-                "{what}: no credentials in the answer"
-            )));
-        };
-        let expires = SystemTime::try_from(*c.expiration()).ok();
-        let credentials = Credentials::new(
-            c.access_key_id(),
-            c.secret_access_key(),
-            Some(c.session_token().to_string()),
-            expires,
-            "regbroker-web-identity",
-        );
-        tracing::debug!(service_account = %sa, role, region, "Assumed the workload's role");
-        Ok((credentials, expires))
-    }
+/// Assumes `role` with `workload`'s token, through STS in `region` with the SDK
+/// configuration `sdk` (the caller waits for its STS budget first): credentials that
+/// are the workload's own, and when they stop working.
+pub(crate) async fn assume(
+    sdk: &SdkConfig,
+    workload: &WorkloadIdentity,
+    role: &str,
+    region: &str,
+) -> Result<(Credentials, Option<SystemTime>), Error> {
+    let sa = workload.service_account();
+    let what = format!("STS AssumeRoleWithWebIdentity for ServiceAccount {sa} in {region}");
+    let conf = aws_sdk_sts::config::Builder::from(sdk)
+        .region(Region::new(region.to_string()))
+        .build();
+    let out = aws_sdk_sts::Client::from_conf(conf)
+        .assume_role_with_web_identity()
+        .role_arn(role)
+        .role_session_name(session_name(workload))
+        .web_identity_token(workload.token().expose_secret())
+        .send()
+        .await
+        .map_err(|e| errors::map_sdk_error(&what, e))?;
+    let Some(c) = out.credentials() else {
+        return Err(Error::bad_response(format!(
+            "{what}: no credentials in the answer"
+        )));
+    };
+    let expires = SystemTime::try_from(*c.expiration()).ok();
+    let credentials = Credentials::new(
+        c.access_key_id(),
+        c.secret_access_key(),
+        Some(c.session_token().to_string()),
+        expires,
+        "regbroker-web-identity",
+    );
+    tracing::debug!(service_account = %sa, role, region, "Assumed the workload's role");
+    Ok((credentials, expires))
 }
 
 /// The assumed role's credentials stop working at `session_end`, and so does anything
