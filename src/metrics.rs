@@ -97,7 +97,16 @@ struct Hot {
 }
 
 /// The sources whose `credentials_served` counter has a handle in [`Hot`].
-const HOT_SOURCES: [&str; 4] = ["static", "aws", "azure", "gcp"];
+const HOT_SOURCES: [&str; 8] = [
+    "static",
+    "aws",
+    "azure",
+    "gcp",
+    "quay",
+    "artifactory",
+    "cloudsmith",
+    "oidc",
+];
 
 /// `labels`' counter in `family`, through its handle in `slot`.
 fn hot<'a, L>(slot: &'a OnceLock<Counter>, family: &Family<L, Counter>, labels: &L) -> &'a Counter
