@@ -17,8 +17,9 @@
 //! and Google STS + IAM Credentials (which check each token with the API server's
 //! TokenReview).
 //!
-//! A later provider (say the `oidc` pass-through, which needs `cacheType: Token`) is a
-//! provider entry and a regbroker config away: [`Kubelet::with_provider`] and
+//! The set-up and the harness run are in `kubelet_support` (shared with
+//! `kubelet_plugin_federated.rs`, the federated providers under the same code); an added
+//! provider is an entry and a regbroker config away: [`Kubelet::with_provider`] and
 //! [`Kubelet::file`].
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -27,10 +28,10 @@
 mod cloud_fakes;
 mod common;
 mod control_plane;
+mod kubelet_support;
 mod registry_peer;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
@@ -38,16 +39,11 @@ use std::sync::{Arc, Mutex};
 use cloud_fakes::*;
 use common::process::{PEER_CLIENT_BOUND, run_bounded};
 use control_plane::{ControlPlane, Peers};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ServiceAccount};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
-use serde_json::{Value, json};
+use kubelet_support::{Kubelet, assert_token_unlogged, for_pod, workload};
+use serde_json::json;
 
-const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 const WORKLOAD_CONFIG: &str = "deploy/kubelet/credential-provider-config-workload.yaml";
 const NODE_CONFIG: &str = "deploy/kubelet/credential-provider-config.yaml";
-/// The cache directory the shipped configs name.
-const SHIPPED_CACHE: &str = "/var/lib/kubelet/regbroker-cache";
 
 const ECR_IMAGE: &str = "555555555555.dkr.ecr.us-east-1.amazonaws.com/shared/app:1.0";
 const ROLE_A: &str = "arn:aws:iam::111111111111:role/team-a-puller";
@@ -57,230 +53,6 @@ const ECR_ROLE: &str = "eks.amazonaws.com/ecr-role-arn";
 const SHIPPED_GCP_AUDIENCE: &str = "//iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/my-pool/providers/my-cluster";
 const WIP: &str = "gcp.auth.fluxcd.io/workload-identity-provider";
 const GSA: &str = "iam.gke.io/gcp-service-account";
-
-/// A kubelet's credential-provider set-up: its config file, its plugin bin dir, the
-/// environment it runs with (which plugins inherit) and its API server.
-struct Kubelet {
-    dir: tempfile::TempDir,
-    config: String,
-    env: Vec<(String, String)>,
-    kubeconfig: Option<PathBuf>,
-}
-
-impl Kubelet {
-    /// The config shipped at `path` (relative to the repository), its cache directory
-    /// moved into a temporary one.
-    fn shipped(path: &str) -> Kubelet {
-        let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(path))
-            .unwrap_or_else(|e| panic!("{path}: {e}"));
-        let dir = tempfile::tempdir().unwrap();
-        let cache = dir.path().join("cache");
-        std::fs::create_dir(&cache).unwrap();
-        std::fs::set_permissions(&cache, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .unwrap();
-        let k = Kubelet {
-            dir,
-            config: text,
-            env: Vec::new(),
-            kubeconfig: None,
-        };
-        k.replace(SHIPPED_CACHE, &cache.display().to_string())
-    }
-
-    /// Replaces every `from` in the config with `to`; panics when there is none, so a test
-    /// never silently runs a config it did not mean to.
-    fn replace(mut self, from: &str, to: &str) -> Kubelet {
-        assert!(self.config.contains(from), "no `{from}` in the config");
-        self.config = self.config.replace(from, to);
-        self
-    }
-
-    /// Appends a provider entry: YAML of one `providers` item, starting `- name: NAME`
-    /// and indented as in the shipped files (two spaces).
-    fn with_provider(mut self, entry: &str) -> Kubelet {
-        self.config.push_str(entry);
-        self
-    }
-
-    /// Writes `text` to a file named `name` in the set-up's directory (a regbroker config
-    /// for a provider entry's `REGBROKER_CONFIG`, say); returns its path.
-    fn file(&self, name: &str, text: &str) -> PathBuf {
-        let path = self.dir.path().join(name);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-
-    /// Sets `name=value` in the kubelet's environment.
-    fn env(mut self, name: &str, value: &str) -> Kubelet {
-        self.env.push((name.into(), value.into()));
-        self
-    }
-
-    /// The kubelet talks to `cp` (as its admin).
-    fn api_server(mut self, cp: &ControlPlane) -> Kubelet {
-        self.kubeconfig = Some(cp.admin_kubeconfig.clone());
-        self
-    }
-
-    /// The provider names of the config (`  - name: X` lines).
-    fn provider_names(&self) -> Vec<String> {
-        self.config
-            .lines()
-            .filter_map(|l| l.strip_prefix("  - name: "))
-            .map(|n| n.trim().to_string())
-            .collect()
-    }
-
-    /// Runs the harness for `lookups` (`IMAGE` or `NAMESPACE/POD=IMAGE`) in one process,
-    /// so the kubelet's cache carries from one to the next.
-    async fn run(&self, lookups: &[String]) -> Harness {
-        let config = self.file("credential-provider-config.yaml", &self.config);
-        let bin_dir = self.dir.path().join("bin");
-        if !bin_dir.exists() {
-            std::fs::create_dir(&bin_dir).unwrap();
-        }
-        for name in self.provider_names() {
-            let link = bin_dir.join(&name);
-            if !link.exists() {
-                std::os::unix::fs::symlink(BIN, &link).unwrap();
-            }
-        }
-        let harness = Peers::find()
-            .get("kubelet-credential-harness")
-            .to_path_buf();
-        let mut cmd = Command::new(harness);
-        cmd.arg(format!("--config={}", config.display()))
-            .arg(format!("--bin-dir={}", bin_dir.display()))
-            .env_clear()
-            .env("PATH", "/usr/bin:/bin")
-            .env("HOME", self.dir.path())
-            .envs(self.env.iter().map(|(k, v)| (k, v)));
-        if let Some(k) = &self.kubeconfig {
-            cmd.arg(format!("--kubeconfig={}", k.display()));
-        }
-        cmd.args(lookups);
-        let out =
-            tokio::task::spawn_blocking(move || run_bounded(&mut cmd, None, PEER_CLIENT_BOUND))
-                .await
-                .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        let report = serde_json::from_str(&stdout)
-            .unwrap_or_else(|e| panic!("harness printed no JSON ({e}): {stdout}\n{stderr}"));
-        Harness {
-            ok: out.status.success(),
-            report,
-            stderr,
-        }
-    }
-}
-
-/// What the harness reported.
-struct Harness {
-    ok: bool,
-    report: Value,
-    stderr: String,
-}
-
-impl Harness {
-    /// Lookup `i`, after checking the kubelet started.
-    fn lookup(&self, i: usize) -> &Value {
-        assert!(self.ok, "the kubelet refused its config: {}", self.report);
-        &self.report["lookups"][i]
-    }
-
-    /// The passwords lookup `i` found, in the kubelet's order.
-    fn passwords(&self, i: usize) -> Vec<String> {
-        self.credentials(i).into_iter().map(|c| c.1).collect()
-    }
-
-    /// (username, password, ServiceAccount "ns/name" the kubelet tracks it to) of lookup `i`.
-    fn credentials(&self, i: usize) -> Vec<(String, String, String)> {
-        self.lookup(i)["credentials"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| {
-                let sa = &c["serviceAccount"];
-                (
-                    c["username"].as_str().unwrap().to_string(),
-                    c["password"].as_str().unwrap().to_string(),
-                    format!(
-                        "{}/{}",
-                        sa["Namespace"].as_str().unwrap_or(""),
-                        sa["Name"].as_str().unwrap_or("")
-                    ),
-                )
-            })
-            .collect()
-    }
-
-    /// The errors the kubelet logged during lookup `i`.
-    fn errors(&self, i: usize) -> String {
-        self.lookup(i)["errors"].to_string()
-    }
-}
-
-/// `ns/pod=image`, a lookup for `pod`.
-fn for_pod(ns: &str, pod: &str, image: &str) -> String {
-    format!("{ns}/{pod}={image}")
-}
-
-/// Creates ServiceAccount `ns/puller` with `annotations` and a pod `pod` running as it
-/// (the kubelet binds its token to the pod, so the pod must exist); returns the
-/// ServiceAccount's UID.
-async fn workload(cp: &ControlPlane, ns: &str, pod: &str, annotations: &[(&str, &str)]) -> String {
-    let sa = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some("puller".into()),
-            annotations: Some(
-                annotations
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let sa = Api::<ServiceAccount>::namespaced(cp.admin(), ns)
-        .create(&PostParams::default(), &sa)
-        .await
-        .unwrap();
-    let p = Pod {
-        metadata: ObjectMeta {
-            name: Some(pod.into()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            service_account_name: Some("puller".into()),
-            containers: vec![Container {
-                name: "app".into(),
-                image: Some("registry.invalid/app:1".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    Api::<Pod>::namespaced(cp.admin(), ns)
-        .create(&PostParams::default(), &p)
-        .await
-        .unwrap();
-    sa.metadata.uid.unwrap()
-}
-
-/// What the kubelet handed regbroker must never show: no part of `token` in the
-/// harness's stderr (the kubelet's log and the plugins' error output).
-fn assert_token_unlogged(run: &Harness, token: &str) {
-    for part in token.split('.').filter(|p| p.len() > 8) {
-        assert!(
-            !run.stderr.contains(part),
-            "token in the log: {}",
-            run.stderr
-        );
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs kubelet-credential-harness, moto_server, etcd, kube-apiserver from scripts/peers.sh; run scripts/test.sh"]

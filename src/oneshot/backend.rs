@@ -290,6 +290,19 @@ impl Backend {
         }
     }
 
+    /// Whether `registry` is routed to a provider whose credential is the subject token
+    /// itself (the `oidc` pass-through), decided without fetching. A sidecar's routes are
+    /// not known here: `false`.
+    pub fn passes_subject_token(&self, registry: &Registry) -> bool {
+        match self {
+            Backend::InProcess(broker) => matches!(
+                broker.decide(registry).route,
+                crate::broker::Route::Provider(p, _) if p.passes_subject_token()
+            ),
+            Backend::Sidecar(..) => false,
+        }
+    }
+
     /// Now, by the backend's clock.
     pub fn now(&self) -> SystemTime {
         match self {

@@ -133,6 +133,11 @@ fn respond(
     };
 
     let backend = super::backend_from(settings)?;
+    // The pass-through needs the pod's own token: without one, refuse before any
+    // lookup, which would read a token file of the node's or ask for `token_file`.
+    if workload.is_none() && backend.passes_subject_token(&registry) {
+        return Err(PASS_THROUGH_NEEDS_TOKEN.into());
+    }
     let config = backend.cache_config();
     let mut response = serde_json::json!({
         "apiVersion": API_VERSION,
@@ -163,6 +168,9 @@ fn respond(
     Ok(response)
 }
 
+/// The refusal of a pass-through route when the kubelet sent no token.
+const PASS_THROUGH_NEEDS_TOKEN: &str = "the oidc provider passes the pulling pod's ServiceAccount token through as the password, and the kubelet sent no token: give this provider's entry in the kubelet's CredentialProviderConfig `tokenAttributes` with `serviceAccountTokenAudience` (the rule's audience) and `cacheType: Token`";
+
 /// The kubelet takes the ServiceAccount token itself as a password only from a provider
 /// entry with `tokenAttributes.cacheType: Token` (it caches the answer per token then).
 /// The pass-through provider (`oidc`) needs the pulling pod's own token: without one
@@ -173,10 +181,7 @@ fn check_pass_through(
     workload: Option<&WorkloadIdentity>,
 ) -> Result<(), super::Failed> {
     match workload {
-        None if c.passes_subject_token() => Err(
-            "the oidc provider passes the pulling pod's ServiceAccount token through as the password, and the kubelet sent no token: give this provider's entry in the kubelet's CredentialProviderConfig `tokenAttributes` with `serviceAccountTokenAudience` (the rule's audience) and `cacheType: Token`"
-                .into(),
-        ),
+        None if c.passes_subject_token() => Err(PASS_THROUGH_NEEDS_TOKEN.into()),
         Some(w)
             if !c.passes_subject_token()
                 && c.secret().expose_secret() == w.token().expose_secret() =>
@@ -209,6 +214,43 @@ mod tests {
         let e = check_pass_through(&echo, Some(&w)).unwrap_err().message;
         assert!(e.contains("refusing"), "{e}");
         assert!(!e.contains(&jwt));
+    }
+
+    #[cfg(feature = "federated")]
+    #[test]
+    fn a_pass_through_route_without_the_kubelets_token_is_refused_before_any_lookup() {
+        // With or without a token file of the node's (a missing one here): never read,
+        // the refusal names the kubelet's fields, not `token_file`.
+        let dir = tempfile::tempdir().unwrap();
+        for options in [
+            r#"{ audience = "zot.example.com" }"#.to_string(),
+            format!(
+                r#"{{ audience = "zot.example.com", token_file = "{}" }}"#,
+                dir.path().join("absent").display()
+            ),
+        ] {
+            let config = dir.path().join("regbroker.toml");
+            std::fs::write(
+                &config,
+                format!("[[rule]]\nmatch = \"zot.example.com\"\nsource = \"oidc\"\noptions = {options}\n"),
+            )
+            .unwrap();
+            let settings = Settings {
+                config: Some(config),
+                ..Settings::default()
+            };
+            let (code, out, err) = run_with(
+                r#"{"apiVersion":"credentialprovider.kubelet.k8s.io/v1","kind":"CredentialProviderRequest","image":"zot.example.com/app:1"}"#,
+                settings,
+            );
+            assert_eq!(code, 1, "{options}: {out}");
+            assert!(out.is_empty(), "{out}");
+            assert!(
+                err.contains("tokenAttributes") && err.contains("cacheType: Token"),
+                "{options}: {err}"
+            );
+            assert!(!err.contains("absent"), "the token file was read: {err}");
+        }
     }
 
     #[test]

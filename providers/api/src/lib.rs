@@ -176,6 +176,14 @@ pub trait Provider: Send + Sync + fmt::Debug {
         IdentityKind::None
     }
 
+    /// Whether this provider's credentials are the subject token itself
+    /// ([`Credential::passes_subject_token`]), known before any fetch: a caller with no
+    /// workload token to pass (the kubelet mode without `tokenAttributes`) refuses the
+    /// route rather than read a token file of its own.
+    fn passes_subject_token(&self) -> bool {
+        false
+    }
+
     /// The host patterns [`Provider::recognise`] accepts, for people (kubelet-style
     /// globs and placeholders, e.g. `<account>.dkr.ecr.<region>.amazonaws.com`).
     fn auto_detect_patterns(&self) -> Vec<String> {

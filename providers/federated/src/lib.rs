@@ -279,6 +279,10 @@ impl Provider for FederatedProvider {
         IdentityKind::RuleToken
     }
 
+    fn passes_subject_token(&self) -> bool {
+        self.kind == Kind::Oidc
+    }
+
     fn diagnose_target(&self, target: &Target) -> Vec<Finding> {
         let check = format!("{}.token_file", self.kind.name());
         let audience = target.param(options::AUDIENCE).unwrap_or_default();

@@ -229,6 +229,14 @@ async fn pass_through_serves_the_token_itself_until_it_expires() {
     assert!(c.passes_subject_token());
 }
 
+#[test]
+fn only_the_pass_through_says_before_a_fetch_that_it_passes_the_token() {
+    for kind in Kind::ALL {
+        let p = FederatedProvider::new(kind).unwrap();
+        assert_eq!(p.passes_subject_token(), kind == Kind::Oidc, "{kind:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_workload_token_is_used_and_names_the_service_account_in_the_scope() {
     let p = provider(Kind::Oidc);
