@@ -244,3 +244,52 @@ fn an_empty_service_account_token_is_no_token() {
     assert_eq!(code, Some(1), "{out}");
     assert!(err.contains("serviceAccountToken"), "{err}");
 }
+
+#[test]
+fn a_pass_through_answer_from_a_sidecar_is_not_handed_to_every_pod() {
+    // A node plugin pointed at a sidecar (REGBROKER_ENDPOINT) whose `oidc` rule passes the
+    // sidecar's own token through: the kubelet sent no pod token, so the answer would go
+    // to every pod on the node. Refused, naming the kubelet fields to set.
+    let dir = tempfile::tempdir().unwrap();
+    let token = regbroker_provider::test_util::service_account_jwt("team-a", "puller", "u-1");
+    let token = token.replace(
+        &base64_claims_part(&token),
+        &base64_claims_part(&regbroker_provider::test_util::jwt(&serde_json::json!({
+            "aud": ["zot.example.com"],
+            "sub": "system:serviceaccount:team-a:puller",
+            "exp": 4_102_444_800u64,
+        }))),
+    );
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &token).unwrap();
+    let config = dir.path().join("regbroker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[rule]]\nmatch = \"zot.example.com\"\nsource = \"oidc\"\noptions = {{ audience = \"zot.example.com\", token_file = \"{}\" }}\n",
+            token_file.display()
+        ),
+    )
+    .unwrap();
+    let sidecar = common::ServeProcess::start(&["--config", config.to_str().unwrap()], &[]);
+    let out = run_bounded(
+        Command::new(BIN)
+            .arg("kubelet-credential-provider")
+            .env_clear()
+            .env("REGBROKER_ENDPOINT", format!("http://{}", sidecar.addr)),
+        Some(&request_for("zot.example.com/team/app:1")),
+        CLI_BOUND,
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("cacheType: Token"), "{stderr}");
+    assert!(!stdout.contains(&token) && !stderr.contains(&token));
+}
+
+/// The claims part of a JWT.
+fn base64_claims_part(jwt: &str) -> String {
+    jwt.split('.').nth(1).unwrap().to_string()
+}

@@ -322,6 +322,10 @@ impl Backend {
     }
 }
 
+/// The provider whose credential is the caller's own token (`regbroker_federated`'s
+/// `oidc`), as a sidecar names it in its answer's `provider`.
+const PASS_THROUGH: &str = "oidc";
+
 async fn ask_sidecar(
     endpoint: &Endpoint,
     token: Option<&SecretString>,
@@ -391,11 +395,18 @@ async fn ask_sidecar(
                 .get("expiresAt")
                 .and_then(|v| v.as_str())
                 .and_then(|s| humantime::parse_rfc3339(s).ok());
-            Ok(Lookup::Found(Credential::new(
+            let credential = Credential::new(
                 field("username")?,
                 SecretString::from(field("password")?),
                 expires_at,
-            )))
+            );
+            // The pass-through provider's answer is the sidecar's own ServiceAccount
+            // token: marked, so the kubelet plugin never hands it to every pod.
+            Ok(Lookup::Found(if json["provider"] == PASS_THROUGH {
+                credential.passing_subject_token()
+            } else {
+                credential
+            }))
         }
         404 => Ok(Lookup::NotFound),
         _ => {
