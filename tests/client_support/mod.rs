@@ -181,12 +181,11 @@ impl ClientHome {
             &[],
         );
         ok("helm package", &run);
-        let tgz = std::fs::read_dir(&dest)
+        std::fs::read_dir(&dest)
             .unwrap()
             .map(|e| e.unwrap().path())
             .find(|p| p.extension().is_some_and(|e| e == "tgz"))
-            .expect("helm package made no .tgz");
-        tgz
+            .expect("helm package made no .tgz")
     }
 
     /// `helm pull oci://HOST/REPO/NAME --version V --plain-http` into a new directory;

@@ -333,8 +333,11 @@ pub struct OidcFront {
     /// `127.0.0.1:PORT`: the registry's name as clients write it.
     pub host: String,
     /// Every password presented, with the verdict.
-    pub seen: Arc<Mutex<Vec<(String, Result<(), String>)>>>,
+    pub seen: Presented,
 }
+
+/// What [`OidcFront`] saw: each password presented, with its verdict.
+pub type Presented = Arc<Mutex<Vec<(String, Result<(), String>)>>>;
 
 struct FrontState {
     issuer: String,
@@ -342,7 +345,7 @@ struct FrontState {
     subject: String,
     backend: String,
     client: reqwest::Client,
-    seen: Arc<Mutex<Vec<(String, Result<(), String>)>>>,
+    seen: Presented,
 }
 
 impl OidcFront {
