@@ -9,151 +9,53 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod client_support;
 mod common;
 mod control_plane;
 mod federated_support;
 mod registry_peer;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::{Arc, Mutex};
-
+use client_support::{ClientHome, ok};
 use common::ServeProcess;
-use common::process::{PEER_CLIENT_BOUND, run_bounded};
 use control_plane::ControlPlane;
-use federated_support::{AUDIENCE, Exchange, ROBOT, discovery, forged, rand_u128, serve};
-use registry_peer::{Registry, oci_layout, peer};
-
-const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
-
-fn config(dir: &Path, name: &str, registry: &str, exchange: &str, token_file: &Path) -> PathBuf {
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(
-        &path,
-        format!(
-            "[[rule]]\nmatch = \"{registry}\"\nsource = \"quay\"\noptions = {{ audience = \"{AUDIENCE}\", robot = \"{ROBOT}\", url = \"{exchange}\", token_file = \"{}\" }}\n",
-            token_file.display()
-        ),
-    )
-    .unwrap();
-    path
-}
-
-fn skopeo(args: &[&str], dir: &Path, config: &Path) -> Output {
-    let bin = dir.join("bin");
-    if !bin.exists() {
-        std::fs::create_dir_all(&bin).unwrap();
-        std::os::unix::fs::symlink(BIN, bin.join("docker-credential-regbroker")).unwrap();
-    }
-    let path = format!(
-        "{}:{}",
-        bin.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    run_bounded(
-        Command::new("skopeo")
-            .arg("--insecure-policy")
-            .args(args)
-            .env_clear()
-            .env("HOME", dir)
-            .env("TMPDIR", std::env::temp_dir())
-            .env("PATH", path)
-            .env("REGBROKER_CONFIG", config),
-        None,
-        PEER_CLIENT_BOUND,
-    )
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-async fn credentials(sidecar: &ServeProcess, registry: &str) -> (u16, serde_json::Value) {
-    let res = reqwest::Client::new()
-        .get(format!("http://{}/v1/credentials", sidecar.addr))
-        .query(&[("registry", registry)])
-        .send()
-        .await
-        .unwrap();
-    (res.status().as_u16(), res.json().await.unwrap_or_default())
-}
+use federated_support::{AUDIENCE, Quay, ROBOT, credentials, forged, write_config};
+use registry_peer::oci_layout;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd, kube-apiserver from scripts/peers.sh, skopeo, docker-registry, htpasswd: run scripts/test.sh"]
 async fn quay_federation_pulls_with_the_pods_token_and_refuses_every_other_token() {
-    peer("skopeo", "apt-get install skopeo");
     let cp = ControlPlane::shared();
     let ns = cp.namespace("quay-fed").await;
-    let dir = tempfile::tempdir().unwrap();
-    let robot_token = format!("robot-{:032x}", rand_u128());
-    let registry = Registry::start_with(Some((ROBOT, &robot_token)));
-    let (issuer, keys) = discovery(cp).await;
-    let kid = keys[0].0.clone();
-    let exchange = Arc::new(Exchange {
-        issuer: issuer.clone(),
-        keys,
-        subject: format!("system:serviceaccount:{ns}:puller"),
-        robot_token: robot_token.clone(),
-        seen: Mutex::default(),
-    });
-    let url = serve(exchange.clone()).await;
+    let quay = Quay::start(cp, &ns).await;
+    let (registry, exchange) = (&quay.registry, &quay.exchange);
+    let home = ClientHome::cred_helpers(&[&registry.host]);
 
     // The pod's projected token, as the kubelet writes it: TokenRequest for the audience.
     let token = cp.service_account_token(&ns, "puller", &[AUDIENCE]).await;
-    let token_file = dir.path().join("token");
+    let token_file = home.path().join("token");
     std::fs::write(&token_file, &token).unwrap();
-    let good = config(dir.path(), "good", &registry.host, &url, &token_file);
+    let good = write_config(home.path(), "good", &quay.rule(Some(&token_file)));
+    let env = [("REGBROKER_CONFIG", good.to_str().unwrap())];
 
     // skopeo pushes and pulls through the helper, which exchanges the token.
-    let authfile = dir.path().join("auth.json");
-    std::fs::write(
-        &authfile,
-        serde_json::json!({"credHelpers": {registry.host.as_str(): "regbroker"}}).to_string(),
-    )
-    .unwrap();
-    let layout = oci_layout(dir.path(), "federated");
-    let image = format!("docker://{}/acme/app:v1", registry.host);
-    let auth = authfile.to_str().unwrap();
-    let push = skopeo(
-        &[
-            "copy",
-            "--authfile",
-            auth,
-            "--dest-tls-verify=false",
-            &format!("oci:{}:v1", layout.display()),
-            &image,
-        ],
-        dir.path(),
-        &good,
-    );
-    assert!(push.status.success(), "push: {}", text(&push.stderr));
-    let pulled = dir.path().join("pulled");
-    let pull = skopeo(
-        &[
-            "copy",
-            "--authfile",
-            auth,
-            "--src-tls-verify=false",
-            &image,
-            &format!("oci:{}:v1", pulled.display()),
-        ],
-        dir.path(),
-        &good,
-    );
-    assert!(pull.status.success(), "pull: {}", text(&pull.stderr));
+    let layout = oci_layout(home.path(), "federated");
+    let image = format!("{}/acme/app:v1", registry.host);
+    ok("push", &home.skopeo_push(&layout, &image, &env));
+    let (pull, pulled) = home.skopeo_pull(&image, &env);
+    ok("pull", &pull);
     assert!(pulled.join("index.json").is_file());
     assert!(exchange.requests() >= 1);
-    assert!(exchange.seen.lock().unwrap().iter().all(|(_, v)| v.is_ok()));
+    assert!(quay.all_accepted());
 
     // The sidecar answers the same credential.
     let sidecar = ServeProcess::start(&["--config", good.to_str().unwrap()], &[]);
-    let (status, body) = credentials(&sidecar, &registry.host).await;
+    let (status, body) = credentials(&sidecar.addr, &registry.host).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["username"], ROBOT);
-    assert_eq!(body["password"], robot_token.as_str());
+    assert_eq!(body["password"], quay.robot_token.as_str());
     // A host outside every rule gets nothing, and the exchange hears nothing of it.
     let before = exchange.requests();
-    let (status, body) = credentials(&sidecar, "127.0.0.1:1").await;
+    let (status, body) = credentials(&sidecar.addr, "127.0.0.1:1").await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(exchange.requests(), before);
     drop(sidecar);
@@ -161,7 +63,11 @@ async fn quay_federation_pulls_with_the_pods_token_and_refuses_every_other_token
     // Adversaries, each through a fresh sidecar: the refusal reaches the client as 403
     // with its reason, and no credential.
     let other = cp.service_account_token(&ns, "intruder", &[AUDIENCE]).await;
-    let forged = forged(&issuer, &format!("system:serviceaccount:{ns}:puller"), &kid);
+    let forged = forged(
+        &quay.issuer,
+        &format!("system:serviceaccount:{ns}:puller"),
+        &quay.kid,
+    );
     let elsewhere = cp
         .service_account_token(&ns, "puller", &["sts.amazonaws.com"])
         .await;
@@ -175,12 +81,12 @@ async fn quay_federation_pulls_with_the_pods_token_and_refuses_every_other_token
             false,
         ),
     ] {
-        let file = dir.path().join(format!("token-{name}"));
+        let file = home.path().join(format!("token-{name}"));
         std::fs::write(&file, bad).unwrap();
-        let cfg = config(dir.path(), name, &registry.host, &url, &file);
+        let cfg = write_config(home.path(), name, &quay.rule(Some(&file)));
         let sidecar = ServeProcess::start(&["--config", cfg.to_str().unwrap()], &[]);
         let before = exchange.requests();
-        let (status, body) = credentials(&sidecar, &registry.host).await;
+        let (status, body) = credentials(&sidecar.addr, &registry.host).await;
         assert_eq!(status, 403, "{name}: {body}");
         let message = body["error"]["message"].as_str().unwrap_or_default();
         assert!(message.contains(reason), "{name}: {body}");

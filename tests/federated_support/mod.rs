@@ -7,6 +7,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::UNIX_EPOCH;
 
@@ -16,6 +17,7 @@ use base64::Engine as _;
 use regbroker_provider::{Clock as _, SystemClock};
 
 use crate::control_plane::ControlPlane;
+use crate::registry_peer::Registry;
 
 /// The audience the stand-in's robot federation trusts.
 pub const AUDIENCE: &str = "quay.regbroker.test";
@@ -61,6 +63,67 @@ pub async fn discovery(cp: &ControlPlane) -> (String, Vec<(String, Vec<u8>)>) {
     (issuer, keys)
 }
 
+/// The check every stand-in here makes of a ServiceAccount token, as an OIDC relying
+/// party does: its ES256 signature verifies against one of the issuer's `keys` (by
+/// `kid`), and its issuer, audience, subject and expiry are the ones `trusted_by` (the
+/// robot, the registry) trusts. The error says which check failed, never the token.
+pub fn verify_token(
+    issuer: &str,
+    keys: &[(String, Vec<u8>)],
+    audience: &str,
+    subject: &str,
+    trusted_by: &str,
+    jwt: &str,
+) -> Result<(), String> {
+    let mut parts = jwt.split('.');
+    let (Some(h), Some(p), Some(s), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err("not a JWT".into());
+    };
+    let header: serde_json::Value =
+        serde_json::from_slice(&b64(h).ok_or("bad header")?).map_err(|_| "bad header")?;
+    let claims: serde_json::Value =
+        serde_json::from_slice(&b64(p).ok_or("bad claims")?).map_err(|_| "bad claims")?;
+    if header["alg"] != "ES256" {
+        return Err("unsupported signing algorithm".into());
+    }
+    let signature = b64(s).ok_or("bad signature encoding")?;
+    let verified = keys.iter().any(|(kid, point)| {
+        header["kid"].as_str() == Some(kid)
+            && UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, point)
+                .verify(format!("{h}.{p}").as_bytes(), &signature)
+                .is_ok()
+    });
+    if !verified {
+        return Err("the token's signature does not verify against the issuer's keys".into());
+    }
+    if claims["iss"] != issuer {
+        return Err("the token's issuer is not trusted".into());
+    }
+    let aud_ok = match &claims["aud"] {
+        serde_json::Value::Array(a) => a.iter().any(|x| x == audience),
+        other => other == audience,
+    };
+    if !aud_ok {
+        return Err("the token is for another audience".into());
+    }
+    if claims["sub"] != subject {
+        return Err(format!(
+            "the token's subject is not trusted by {trusted_by}"
+        ));
+    }
+    let now = SystemClock
+        .now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    if claims["exp"].as_u64().is_none_or(|e| e <= now) {
+        return Err("the token has expired".into());
+    }
+    Ok(())
+}
+
 /// What the stand-in checks, and what it saw.
 pub struct Exchange {
     pub issuer: String,
@@ -80,51 +143,14 @@ impl Exchange {
         if robot != ROBOT {
             return Err(format!("no federation is configured for robot {robot}"));
         }
-        let mut parts = jwt.split('.');
-        let (Some(h), Some(p), Some(s), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err("not a JWT".into());
-        };
-        let header: serde_json::Value =
-            serde_json::from_slice(&b64(h).ok_or("bad header")?).map_err(|_| "bad header")?;
-        let claims: serde_json::Value =
-            serde_json::from_slice(&b64(p).ok_or("bad claims")?).map_err(|_| "bad claims")?;
-        if header["alg"] != "ES256" {
-            return Err("unsupported signing algorithm".into());
-        }
-        let signature = b64(s).ok_or("bad signature encoding")?;
-        let verified = self.keys.iter().any(|(kid, point)| {
-            header["kid"].as_str() == Some(kid)
-                && UnparsedPublicKey::new(&ECDSA_P256_SHA256_FIXED, point)
-                    .verify(format!("{h}.{p}").as_bytes(), &signature)
-                    .is_ok()
-        });
-        if !verified {
-            return Err("the token's signature does not verify against the issuer's keys".into());
-        }
-        if claims["iss"] != self.issuer.as_str() {
-            return Err("the token's issuer is not trusted".into());
-        }
-        let aud_ok = match &claims["aud"] {
-            serde_json::Value::Array(a) => a.iter().any(|x| x == AUDIENCE),
-            other => other == AUDIENCE,
-        };
-        if !aud_ok {
-            return Err("the token is for another audience".into());
-        }
-        if claims["sub"] != self.subject.as_str() {
-            return Err(format!("the token's subject is not trusted by {ROBOT}"));
-        }
-        let now = SystemClock
-            .now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        if claims["exp"].as_u64().is_none_or(|e| e <= now) {
-            return Err("the token has expired".into());
-        }
-        Ok(())
+        verify_token(
+            &self.issuer,
+            &self.keys,
+            AUDIENCE,
+            &self.subject,
+            ROBOT,
+            jwt,
+        )
     }
 
     pub fn requests(&self) -> usize {
@@ -208,3 +234,252 @@ pub fn rand_u128() -> u128 {
     aws_lc_rs::rand::fill(&mut b).unwrap();
     u128::from_le_bytes(b)
 }
+
+/// Writes `dir/NAME.toml` holding `toml`; returns its path.
+pub fn write_config(dir: &Path, name: &str, toml: &str) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, toml).unwrap();
+    path
+}
+
+/// `GET /v1/credentials?registry=REGISTRY` on a sidecar at `addr`: status and JSON body.
+pub async fn credentials(addr: &str, registry: &str) -> (u16, serde_json::Value) {
+    let res = reqwest::Client::new()
+        .get(format!("http://{addr}/v1/credentials"))
+        .query(&[("registry", registry)])
+        .send()
+        .await
+        .unwrap();
+    (res.status().as_u16(), res.json().await.unwrap_or_default())
+}
+
+/// The Quay scenario the federated tests start from: a distribution registry whose one
+/// htpasswd user is the robot, its password a fresh robot token, and the stand-in exchange
+/// ([`serve`]) handing out that token for the API server's tokens of
+/// `system:serviceaccount:NS:puller`, for [`AUDIENCE`], only.
+pub struct Quay {
+    pub registry: Registry,
+    pub exchange: Arc<Exchange>,
+    /// The stand-in's base URL: a rule's `url`.
+    pub url: String,
+    pub robot_token: String,
+    /// The API server's issuer, and the `kid` of its signing key.
+    pub issuer: String,
+    pub kid: String,
+}
+
+impl Quay {
+    /// Starts the registry and the stand-in, trusting `NS/puller`.
+    pub async fn start(cp: &ControlPlane, ns: &str) -> Quay {
+        let robot_token = format!("robot-{:032x}", rand_u128());
+        let registry = Registry::start_with(Some((ROBOT, &robot_token)));
+        let (issuer, keys) = discovery(cp).await;
+        let kid = keys[0].0.clone();
+        let exchange = Arc::new(Exchange {
+            issuer: issuer.clone(),
+            keys,
+            subject: format!("system:serviceaccount:{ns}:puller"),
+            robot_token: robot_token.clone(),
+            seen: Mutex::default(),
+        });
+        let url = serve(exchange.clone()).await;
+        Quay {
+            registry,
+            exchange,
+            url,
+            robot_token,
+            issuer,
+            kid,
+        }
+    }
+
+    /// The `[[rule]]` sending the registry to the stand-in: `quay`, [`AUDIENCE`],
+    /// [`ROBOT`], reading `token_file` when given (a Secret or a RegistryCredential
+    /// needs none: regbroker asks TokenRequest for the ServiceAccount's token).
+    pub fn rule(&self, token_file: Option<&Path>) -> String {
+        let file = token_file
+            .map(|f| format!(", token_file = \"{}\"", f.display()))
+            .unwrap_or_default();
+        format!(
+            "[[rule]]\nmatch = \"{}\"\nsource = \"quay\"\noptions = {{ audience = \"{AUDIENCE}\", robot = \"{ROBOT}\", url = \"{}\"{file} }}\n",
+            self.registry.host, self.url
+        )
+    }
+
+    /// Whether every exchange so far handed out the robot token (no refusal).
+    pub fn all_accepted(&self) -> bool {
+        self.exchange
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(_, v)| v.is_ok())
+    }
+}
+
+/// The audience the pass-through stand-in ([`OidcFront`]) trusts.
+pub const OIDC_AUDIENCE: &str = "zot.regbroker.test";
+
+/// A stand-in for a registry that validates the ServiceAccount token itself, as Zot does
+/// with its OIDC workload-identity federation (and Harbor next): none runs here, and the
+/// distribution registry cannot take a JWT as an htpasswd password (bcrypt reads only
+/// the first 72 bytes of a password). It answers every request without acceptable Basic
+/// credentials with 401 and a `Basic` challenge; it accepts one only when the password
+/// is a token of the trusted subject that [`verify_token`] passes for [`OIDC_AUDIENCE`]
+/// against the API server's JWKS, and then forwards it, without its `Authorization`, to an
+/// anonymous distribution registry behind it (a minimal reverse proxy: whole bodies in
+/// memory, redirects passed back as they are, never followed).
+pub struct OidcFront {
+    /// `127.0.0.1:PORT`: the registry's name as clients write it.
+    pub host: String,
+    /// Every password presented, with the verdict.
+    pub seen: Presented,
+}
+
+/// What [`OidcFront`] saw: each password presented, with its verdict.
+pub type Presented = Arc<Mutex<Vec<(String, Result<(), String>)>>>;
+
+struct FrontState {
+    issuer: String,
+    keys: Vec<(String, Vec<u8>)>,
+    subject: String,
+    backend: String,
+    client: reqwest::Client,
+    seen: Presented,
+}
+
+impl OidcFront {
+    /// Serves on loopback in front of the anonymous registry at `backend`
+    /// (`127.0.0.1:PORT`), trusting `subject`'s tokens from `issuer` signed by `keys`.
+    pub async fn start(
+        issuer: &str,
+        keys: Vec<(String, Vec<u8>)>,
+        subject: &str,
+        backend: &str,
+    ) -> OidcFront {
+        let seen = Arc::new(Mutex::default());
+        let state = Arc::new(FrontState {
+            issuer: issuer.to_string(),
+            keys,
+            subject: subject.to_string(),
+            backend: format!("http://{backend}"),
+            client: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .unwrap(),
+            seen: Arc::clone(&seen),
+        });
+        let app = axum::Router::new()
+            .fallback(move |req: axum::extract::Request| forward(state.clone(), req));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let host = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        OidcFront { host, seen }
+    }
+
+    /// How many requests carried `password`.
+    pub fn presented(&self, password: &str) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p == password)
+            .count()
+    }
+
+    /// How many requests it accepted and forwarded.
+    pub fn accepted(&self) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, v)| v.is_ok())
+            .count()
+    }
+}
+
+/// The password of a request's `Authorization: Basic`, if any.
+fn basic_password(headers: &HeaderMap) -> Option<String> {
+    let pair = headers
+        .get("authorization")?
+        .to_str()
+        .ok()?
+        .strip_prefix("Basic ")?;
+    let pair = base64::engine::general_purpose::STANDARD
+        .decode(pair)
+        .ok()?;
+    let pair = String::from_utf8(pair).ok()?;
+    Some(pair.split_once(':')?.1.to_string())
+}
+
+async fn forward(state: Arc<FrontState>, req: axum::extract::Request) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let password = basic_password(req.headers());
+    let verdict = match &password {
+        None => Err("no Basic credentials".to_string()),
+        Some(p) => verify_token(
+            &state.issuer,
+            &state.keys,
+            OIDC_AUDIENCE,
+            &state.subject,
+            "the registry",
+            p,
+        ),
+    };
+    if let Some(p) = password {
+        state.seen.lock().unwrap().push((p, verdict.clone()));
+    }
+    if let Err(why) = verdict {
+        let body = serde_json::json!({"errors": [{"code": "UNAUTHORIZED", "message": why}]});
+        return (
+            StatusCode::UNAUTHORIZED,
+            [
+                (
+                    "www-authenticate",
+                    "Basic realm=\"regbroker-oidc-stand-in\"",
+                ),
+                ("content-type", "application/json"),
+            ],
+            body.to_string(),
+        )
+            .into_response();
+    }
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, 64 << 20).await.unwrap();
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut upstream = state
+        .client
+        .request(parts.method.clone(), format!("{}{path}", state.backend))
+        .body(body);
+    for (name, value) in &parts.headers {
+        // The length too: reqwest sets it from the body it sends.
+        if !HOP_BY_HOP.contains(&name.as_str())
+            && !["authorization", "host", "content-length"].contains(&name.as_str())
+        {
+            upstream = upstream.header(name, value);
+        }
+    }
+    let Ok(answer) = upstream.send().await else {
+        return StatusCode::BAD_GATEWAY.into_response();
+    };
+    let mut response = axum::http::Response::builder().status(answer.status());
+    for (name, value) in answer.headers() {
+        if !HOP_BY_HOP.contains(&name.as_str()) {
+            response = response.header(name, value);
+        }
+    }
+    let bytes = answer.bytes().await.unwrap_or_default();
+    response.body(axum::body::Body::from(bytes)).unwrap()
+}
+
+/// Headers about one connection, not the message: never forwarded. The response's
+/// length is (the whole body is forwarded, and a HEAD answer keeps the registry's).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-connection",
+];
