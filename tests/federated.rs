@@ -97,4 +97,36 @@ async fn quay_federation_pulls_with_the_pods_token_and_refuses_every_other_token
         );
         assert_eq!(exchange.requests() > before, reaches_exchange, "{name}");
     }
+
+    // A rule whose exchange URL redirects to another host (here: to the real stand-in,
+    // which would accept the token): the redirect is not followed, so the token never
+    // arrives there, and the client learns why.
+    let target = format!("{}/oauth2/federation/robot/token", quay.url);
+    let redirect = axum::Router::new().route(
+        "/oauth2/federation/robot/token",
+        axum::routing::get(move || {
+            let target = target.clone();
+            async move { axum::response::Redirect::temporary(&target) }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let redirect_url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, redirect).await.unwrap() });
+    let rule = quay
+        .rule(Some(&token_file))
+        .replace(&quay.url, &redirect_url);
+    assert!(rule.contains(&redirect_url), "{rule}");
+    let cfg = write_config(home.path(), "redirect", &rule);
+    let sidecar = ServeProcess::start(&["--config", cfg.to_str().unwrap()], &[]);
+    let before = exchange.requests();
+    let (status, body) = credentials(&sidecar.addr, &registry.host).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("never follows"),
+        "{body}"
+    );
+    assert_eq!(exchange.requests(), before, "the redirect was followed");
 }
