@@ -230,6 +230,47 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_option_is_explained() {
+        for (kind, given, explained) in [
+            (
+                Kind::Quay,
+                vec![(ROBOT, "acme+puller")],
+                "(the audience of the token the registry's exchange accepts)",
+            ),
+            (
+                Kind::Quay,
+                vec![(AUDIENCE, "q")],
+                "(the robot account, `<org>+<name>`, that trusts this cluster's issuer)",
+            ),
+            (
+                Kind::Artifactory,
+                vec![(AUDIENCE, "j")],
+                "(the name of the OIDC integration in the JFrog Platform)",
+            ),
+            (
+                Kind::Cloudsmith,
+                vec![(AUDIENCE, "c"), (SERVICE, "s")],
+                "(the Cloudsmith organisation slug)",
+            ),
+            (
+                Kind::Cloudsmith,
+                vec![(AUDIENCE, "c"), (ORG, "o")],
+                "(the slug of the Cloudsmith service account that trusts this cluster's issuer)",
+            ),
+        ] {
+            let e = check(kind, &options(&given)).unwrap_err();
+            assert!(e.ends_with(explained), "{e}");
+        }
+        assert_eq!(describe(URL), "see the providers page");
+    }
+
+    #[test]
+    fn a_username_may_be_256_characters_and_not_one_more() {
+        assert!(check_value(USERNAME, &"u".repeat(256)).is_ok());
+        assert!(check_value(USERNAME, &"u".repeat(257)).is_err());
+    }
+
+    #[test]
     fn bad_values_are_refused_naming_the_option() {
         for (key, value, needle) in [
             (TOKEN_FILE, "var/run/token", "absolute path"),

@@ -425,3 +425,323 @@ fn no_host_is_recognised_and_scopes_tell_rules_apart() {
         .unwrap();
     assert_eq!(cloudsmith.param("url"), Some(CLOUDSMITH_API));
 }
+
+/// A Quay target for the stand-in at `url`, reading `file`.
+fn quay_target(p: &FederatedProvider, url: &str, file: &tempfile::NamedTempFile) -> Target {
+    p.target(
+        &registry("quay.example.com"),
+        &options(&[
+            ("audience", "quay"),
+            ("robot", "acme+puller"),
+            ("url", url),
+            ("token_file", &file.path().to_string_lossy()),
+        ]),
+    )
+    .unwrap()
+}
+
+/// A provider that tries twice, 20 ms apart, and gives a call `timeout`.
+fn patient(kind: Kind, timeout: Duration) -> FederatedProvider {
+    let settings = HttpSettings {
+        attempts: 2,
+        backoff: Duration::from_millis(20),
+        request_timeout: timeout,
+        ..HttpSettings::default()
+    };
+    FederatedProvider::with_settings(kind, settings)
+        .unwrap()
+        .with_clock(Arc::new(ManualClock::new(at(NOW))))
+}
+
+/// A stand-in of the Quay endpoint answering the statuses of `script` in turn (the last
+/// one repeated), with a robot token when 200; how many calls it had.
+async fn scripted(script: Vec<u16>) -> (String, Arc<Mutex<usize>>) {
+    let calls = Arc::new(Mutex::new(0usize));
+    let counted = calls.clone();
+    let app = axum::Router::new().route(
+        "/oauth2/federation/robot/token",
+        get(move || {
+            let counted = counted.clone();
+            let script = script.clone();
+            async move {
+                let n = {
+                    let mut c = counted.lock().unwrap();
+                    *c += 1;
+                    *c
+                };
+                let status = script[(n - 1).min(script.len() - 1)];
+                let body = if status == 200 {
+                    serde_json::json!({"token": "robot"})
+                } else {
+                    serde_json::json!({"error": "nope"})
+                };
+                (StatusCode::from_u16(status).unwrap(), axum::Json(body)).into_response()
+            }
+        }),
+    );
+    (serve(app).await, calls)
+}
+
+#[tokio::test]
+async fn only_5xx_and_429_answers_are_retried_and_each_status_has_its_kind() {
+    let file = token_file(&subject("quay", NOW + 600));
+    let p = patient(Kind::Quay, Duration::from_secs(5));
+    for (script, want, calls) in [
+        (vec![503, 200], Ok(()), 2),
+        (vec![429, 200], Ok(()), 2),
+        (vec![401, 200], Err(ErrorKind::IdentityRejected), 1),
+        (vec![404], Err(ErrorKind::IdentityRejected), 1),
+        (vec![500], Err(ErrorKind::Unavailable), 2),
+        (vec![429], Err(ErrorKind::Throttled), 2),
+        (vec![418], Err(ErrorKind::BadResponse), 1),
+    ] {
+        let (url, seen) = scripted(script.clone()).await;
+        let got = p.fetch(&quay_target(&p, &url, &file)).await;
+        assert_eq!(
+            got.as_ref().map(|_| ()).map_err(|e| e.kind()),
+            want,
+            "{script:?}: {got:?}"
+        );
+        assert_eq!(*seen.lock().unwrap(), calls, "{script:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_but_a_dropped_one_is_not() {
+    let file = token_file(&subject("quay", NOW + 600));
+    let p = patient(Kind::Quay, Duration::from_secs(5));
+
+    // Nothing listens yet: refused. The stand-in comes up before the retry, which
+    // succeeds; without a retry the fetch would fail.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let late = tokio::spawn(async move {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let app = axum::Router::new().route(
+            "/oauth2/federation/robot/token",
+            get(|| async { axum::Json(serde_json::json!({"token": "robot"})) }),
+        );
+        axum::serve(listener, app).await.unwrap();
+    });
+    let p_slow = FederatedProvider::with_settings(
+        Kind::Quay,
+        HttpSettings {
+            attempts: 2,
+            backoff: Duration::from_millis(300),
+            ..HttpSettings::default()
+        },
+    )
+    .unwrap()
+    .with_clock(Arc::new(ManualClock::new(at(NOW))));
+    let got = p_slow
+        .fetch(&quay_target(
+            &p_slow,
+            &format!("http://127.0.0.1:{port}"),
+            &file,
+        ))
+        .await;
+    assert_eq!(got.unwrap().secret().expose_secret(), "robot");
+    late.abort();
+
+    // A port that refuses for good: unavailable, "could not be reached".
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let e = p
+        .fetch(&quay_target(
+            &p,
+            &format!("http://127.0.0.1:{closed}"),
+            &file,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable);
+    assert!(e.message().contains("could not be reached"), "{e}");
+
+    // A server that accepts and hangs up: the request may have arrived, so it is not
+    // sent again.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(Mutex::new(0usize));
+    let counted = accepted.clone();
+    tokio::spawn(async move {
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            *counted.lock().unwrap() += 1;
+            drop(socket);
+        }
+    });
+    let e = p
+        .fetch(&quay_target(&p, &format!("http://{addr}"), &file))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.message().contains("failed"), "{e}");
+    assert_eq!(*accepted.lock().unwrap(), 1);
+}
+
+#[tokio::test]
+async fn an_exchange_that_does_not_answer_in_time_is_timed_out() {
+    let app = axum::Router::new().route(
+        "/oauth2/federation/robot/token",
+        get(|| async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            axum::Json(serde_json::json!({"token": "late"}))
+        }),
+    );
+    let url = serve(app).await;
+    let file = token_file(&subject("quay", NOW + 600));
+    let p = patient(Kind::Quay, Duration::from_millis(300));
+    let e = p.fetch(&quay_target(&p, &url, &file)).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    assert!(e.message().contains("did not answer in time"), "{e}");
+}
+
+/// An answer `{"token": "aaa…"}` of exactly `len` bytes.
+fn answer_of(len: usize) -> String {
+    let frame = r#"{"token":""}"#.len();
+    format!(r#"{{"token":"{}"}}"#, "a".repeat(len - frame))
+}
+
+#[tokio::test]
+async fn answers_are_read_up_to_the_cap_and_not_a_byte_more() {
+    use axum::body::Body;
+    use regbroker_provider::MAX_UPSTREAM_BODY as MAX;
+    let file = token_file(&subject("quay", NOW + 600));
+    let p = provider(Kind::Quay);
+    // (status, body length, chunked) → ok, or the error kind.
+    for (status, len, chunked, want) in [
+        (200, MAX, false, Ok(())),
+        (200, MAX + 1, false, Err(ErrorKind::BadResponse)),
+        (200, MAX, true, Ok(())),
+        (200, MAX + 1, true, Err(ErrorKind::BadResponse)),
+        // A refusal with an oversized body is still a refusal.
+        (401, MAX + 1, false, Err(ErrorKind::IdentityRejected)),
+    ] {
+        let body = answer_of(len);
+        let app = axum::Router::new().route(
+            "/oauth2/federation/robot/token",
+            get(move || {
+                let body = body.clone();
+                async move {
+                    let body = if chunked {
+                        // Two halves, no Content-Length: the cap is met while reading.
+                        let (a, b) = body.split_at(body.len() / 2);
+                        let chunks =
+                            vec![Ok::<_, std::io::Error>(a.to_string()), Ok(b.to_string())];
+                        Body::from_stream(futures_util::stream::iter(chunks))
+                    } else {
+                        Body::from(body)
+                    };
+                    (StatusCode::from_u16(status).unwrap(), body).into_response()
+                }
+            }),
+        );
+        let url = serve(app).await;
+        let got = p.fetch(&quay_target(&p, &url, &file)).await;
+        assert_eq!(
+            got.as_ref().map(|_| ()).map_err(|e| e.kind()),
+            want,
+            "{status} {len} chunked={chunked}: {got:?}"
+        );
+        if let Err(e) = &got
+            && status == 200
+        {
+            assert!(e.message().contains("larger than 65536 bytes"), "{e}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn artifactory_reads_expires_in_as_text_and_a_bad_username_falls_back_to_the_tokens() {
+    let access = jwt(&serde_json::json!({"sub": "jfac@01h/users/ci-puller", "exp": NOW + 7200}));
+    for bad in ["", "a:b"] {
+        let (url, _) = stand_in(
+            "/access/api/v1/oidc/token",
+            200,
+            serde_json::json!({"access_token": access, "expires_in": "600", "username": bad}),
+        )
+        .await;
+        let file = token_file(&subject("jfrog", NOW + 3600));
+        let p = provider(Kind::Artifactory);
+        let target = p
+            .target(
+                &registry("acme.jfrog.io"),
+                &options(&[
+                    ("audience", "jfrog"),
+                    ("provider_name", "k8s"),
+                    ("url", &url),
+                    ("token_file", &file.path().to_string_lossy()),
+                ]),
+            )
+            .unwrap();
+        let c = p.fetch(&target).await.unwrap();
+        assert_eq!(c.username(), "ci-puller", "username {bad:?}");
+        assert_eq!(c.expires_at(), Some(at(NOW + 600)));
+    }
+}
+
+#[test]
+fn the_four_providers_are_named_and_check_their_options() {
+    let all = FederatedProvider::all().unwrap();
+    let names: Vec<&str> = all.iter().map(|p| p.name()).collect();
+    assert_eq!(names, ["quay", "artifactory", "cloudsmith", "oidc"]);
+    assert!(
+        all.iter()
+            .all(|p| p.identity_kind() == IdentityKind::RuleToken)
+    );
+    let e = all[0]
+        .check_options(&options(&[("audience", "quay")]))
+        .unwrap_err();
+    assert!(e.contains("`robot`"), "{e}");
+    assert!(
+        all[3]
+            .check_options(&options(&[("audience", "zot")]))
+            .is_ok()
+    );
+}
+
+#[test]
+fn diagnose_target_checks_the_rules_token_file_and_never_shows_the_token() {
+    use regbroker_provider::diagnosis::Status;
+    let p = provider(Kind::Oidc);
+    let token = subject("sts.amazonaws.com", NOW + 600);
+    let file = token_file(&token);
+    let target = p
+        .target(
+            &registry("zot.example.com"),
+            &options(&[
+                ("audience", "zot"),
+                ("token_file", &file.path().to_string_lossy()),
+            ]),
+        )
+        .unwrap();
+    let findings = p.diagnose_target(&target);
+    assert!(
+        findings.iter().all(|f| f.check.starts_with("oidc.token_file")),
+        "{findings:?}"
+    );
+    assert!(
+        findings.iter().any(|f| f.status == Status::Warn
+            && f.fix
+                .as_deref()
+                .is_some_and(|x| x.contains("`audience: zot`"))),
+        "{findings:?}"
+    );
+    assert!(!format!("{findings:?}").contains(&token));
+    let without = p
+        .target(
+            &registry("zot.example.com"),
+            &options(&[("audience", "zot")]),
+        )
+        .unwrap();
+    let findings = p.diagnose_target(&without);
+    assert_eq!(findings.len(), 1);
+    assert_eq!(findings[0].status, Status::Info);
+    assert!(findings[0].detail.contains("no token_file"), "{findings:?}");
+}
