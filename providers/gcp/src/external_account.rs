@@ -297,19 +297,11 @@ impl ExternalAccount {
         let (raw, what) = match &self.source {
             Source::Given(token) => return Ok(token.clone()),
             Source::File(path) => {
-                let what = format!("subject token file {path}");
-                let raw = tokio::fs::read(path).await.map_err(|e| {
-                    let kind_missing = e.kind() == std::io::ErrorKind::NotFound;
-                    let msg = if kind_missing {
-                        format!(
-                            "{what} does not exist (is the projected service-account token mounted?)"
-                        )
-                    } else {
-                        format!("{what} cannot be read")
-                    };
-                    Error::identity_missing(msg).with_source(e)
-                })?;
-                (secrecy::zeroize::Zeroizing::new(raw), what)
+                // The token-file reader every provider shares: bounded, wiped on drop,
+                // errors naming the file and never its content.
+                let raw =
+                    regbroker_provider::subject_token::read_bytes(std::path::Path::new(path))?;
+                (raw, format!("subject token file {path}"))
             }
             Source::Url { url, headers } => {
                 let what = format!("subject token URL on {}", host_of(url));
