@@ -48,7 +48,10 @@ async fn quay_federation_pulls_with_the_pods_token_and_refuses_every_other_token
     assert!(quay.all_accepted());
 
     // The sidecar answers the same credential.
-    let sidecar = ServeProcess::start(&["--config", good.to_str().unwrap()], &[]);
+    let sidecar = ServeProcess::start(
+        &["--config", good.to_str().unwrap()],
+        &[("REGBROKER_LOG", "trace")],
+    );
     let (status, body) = credentials(&sidecar.addr, &registry.host).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["username"], ROBOT);
@@ -58,6 +61,17 @@ async fn quay_federation_pulls_with_the_pods_token_and_refuses_every_other_token
     let (status, body) = credentials(&sidecar.addr, "127.0.0.1:1").await;
     assert_eq!(status, 404, "{body}");
     assert_eq!(exchange.requests(), before);
+    // Even at trace, neither the ServiceAccount token (nor a part of it) nor the robot
+    // token reaches the log.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let logs: Vec<String> = sidecar.log.try_iter().collect();
+    assert!(logs.len() > 3, "the trace log was read: {logs:?}");
+    for line in &logs {
+        assert!(!line.contains(quay.robot_token.as_str()), "{line}");
+        for part in token.split('.') {
+            assert!(!line.contains(part), "a token part in the log: {line}");
+        }
+    }
     drop(sidecar);
 
     // Adversaries, each through a fresh sidecar: the refusal reaches the client as 403
