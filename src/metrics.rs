@@ -15,6 +15,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::broker::providers::KNOWN;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     route: &'static str,
@@ -93,20 +95,20 @@ pub struct Metrics {
 struct Hot {
     credentials_ok: OnceLock<Counter>,
     cache_hit: OnceLock<Counter>,
-    served: [OnceLock<Counter>; HOT_SOURCES.len()],
+    served: [OnceLock<Counter>; HOT_SOURCES],
 }
 
-/// The sources whose `credentials_served` counter has a handle in [`Hot`].
-const HOT_SOURCES: [&str; 8] = [
-    "static",
-    "aws",
-    "azure",
-    "gcp",
-    "quay",
-    "artifactory",
-    "cloudsmith",
-    "oidc",
-];
+/// The sources whose `credentials_served` counter has a handle in [`Hot`]: `static`
+/// (slot 0), then every provider regbroker knows, in [`KNOWN`] order.
+const HOT_SOURCES: usize = 1 + KNOWN.len();
+
+/// `source`'s slot in [`Hot::served`].
+fn hot_slot(source: &str) -> Option<usize> {
+    if source == "static" {
+        return Some(0);
+    }
+    KNOWN.iter().position(|s| *s == source).map(|i| i + 1)
+}
 
 /// `labels`' counter in `family`, through its handle in `slot`.
 fn hot<'a, L>(slot: &'a OnceLock<Counter>, family: &Family<L, Counter>, labels: &L) -> &'a Counter
@@ -312,7 +314,7 @@ impl Metrics {
     /// Counts a credential served.
     pub fn credential_served(&self, source: &'static str) {
         let labels = SourceLabels { source };
-        match HOT_SOURCES.iter().position(|s| *s == source) {
+        match hot_slot(source) {
             Some(i) => hot(&self.hot.served[i], &self.served, &labels).inc(),
             None => self.served.get_or_create(&labels).inc(),
         };
@@ -350,5 +352,21 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_source_has_its_own_hot_slot() {
+        let slots: Vec<Option<usize>> = std::iter::once("static")
+            .chain(KNOWN.iter().copied())
+            .map(hot_slot)
+            .collect();
+        let want: Vec<Option<usize>> = (0..HOT_SOURCES).map(Some).collect();
+        assert_eq!(slots, want);
+        assert_eq!(hot_slot("none"), None);
     }
 }

@@ -38,6 +38,33 @@ pub use registry::{DOCKER_HUB, MAX_HOST_LEN, ParseError, ReferenceError, Registr
 pub use secrecy::{ExposeSecret, SecretString};
 pub use workload::{ServiceAccount, WorkloadIdentity};
 
+/// Timeouts and retries for a provider's token calls (the GCP and federated providers'
+/// exchanges). Retried are only what cannot have been acted on: 5xx, 429 and a refused
+/// connection.
+#[derive(Clone, Debug)]
+pub struct HttpSettings {
+    /// Longest wait for a TCP (and TLS) connection.
+    pub connect_timeout: Duration,
+    /// Longest wait for a whole request, body included.
+    pub request_timeout: Duration,
+    /// How many times a call is made at most when the upstream answers 5xx or 429, or
+    /// refuses the connection (1 = no retry).
+    pub attempts: u32,
+    /// Delay before the first retry; doubles for each further retry.
+    pub backoff: Duration,
+}
+
+impl Default for HttpSettings {
+    fn default() -> HttpSettings {
+        HttpSettings {
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(10),
+            attempts: 3,
+            backoff: Duration::from_millis(200),
+        }
+    }
+}
+
 /// The most bytes a provider reads of one upstream answer (token endpoints answer a few
 /// KiB). A longer answer is a `BadResponse` error, and nothing past the cap is buffered.
 pub const MAX_UPSTREAM_BODY: usize = 64 * 1024;

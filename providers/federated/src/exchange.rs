@@ -64,6 +64,15 @@ fn non_empty(what: &str, field: &str, token: SecretString) -> Result<SecretStrin
     Ok(token)
 }
 
+/// A `{"token": "..."}` answer (Quay's and Cloudsmith's): the token, not empty.
+fn token_answer(what: &str, body: &[u8]) -> Result<SecretString, Error> {
+    #[derive(Deserialize)]
+    struct Body {
+        token: SecretString,
+    }
+    non_empty(what, "token", parse::<Body>(what, body)?.token)
+}
+
 /// Quay robot federation: `GET <url>/oauth2/federation/robot/token` with Basic auth
 /// `<robot>:<subject token>`; `{"token": "..."}`, used with the robot's name.
 pub(crate) async fn quay(
@@ -71,10 +80,6 @@ pub(crate) async fn quay(
     target: &Target,
     subject: &SecretString,
 ) -> Result<Answer, Error> {
-    #[derive(Deserialize)]
-    struct Body {
-        token: SecretString,
-    }
     let robot = param(target, ROBOT)?;
     let endpoint = format!("{}/oauth2/federation/robot/token", param(target, URL)?);
     let what = format!("Quay robot federation at {}", host_of(&endpoint));
@@ -85,7 +90,7 @@ pub(crate) async fn quay(
                 .header("accept", "application/json")
         })
         .await?;
-    let token = non_empty(&what, "token", parse::<Body>(&what, &body)?.token)?;
+    let token = token_answer(&what, &body)?;
     Ok(Answer {
         username: robot.to_string(),
         expires_at: jwt_expiry(token.expose_secret()),
@@ -181,10 +186,6 @@ pub(crate) async fn cloudsmith(
     target: &Target,
     subject: &SecretString,
 ) -> Result<Answer, Error> {
-    #[derive(Deserialize)]
-    struct Body {
-        token: SecretString,
-    }
     let endpoint = format!("{}/openid/{}/", param(target, URL)?, param(target, ORG)?);
     let what = format!("Cloudsmith OIDC exchange at {}", host_of(&endpoint));
     let service = param(target, SERVICE)?;
@@ -196,7 +197,7 @@ pub(crate) async fn cloudsmith(
             }))
         })
         .await?;
-    let token = non_empty(&what, "token", parse::<Body>(&what, &body)?.token)?;
+    let token = token_answer(&what, &body)?;
     Ok(Answer {
         username: target
             .param(USERNAME)

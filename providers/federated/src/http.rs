@@ -3,35 +3,9 @@
 //! 429 and a refused connection, and a refusal's reason echoed only when it cannot be a
 //! token.
 
-use std::time::Duration;
-
+pub use regbroker_provider::HttpSettings;
 use regbroker_provider::{Error, ExposeSecret, MAX_UPSTREAM_BODY, SecretString};
 use secrecy::zeroize::Zeroizing;
-
-/// Timeouts and retries for exchange calls.
-#[derive(Clone, Debug)]
-pub struct HttpSettings {
-    /// Longest wait for a TCP (and TLS) connection.
-    pub connect_timeout: Duration,
-    /// Longest wait for a whole call, body included.
-    pub request_timeout: Duration,
-    /// How many times a call is made at most when the exchange answers 5xx or 429, or
-    /// refuses the connection (1 = no retry).
-    pub attempts: u32,
-    /// Delay before the first retry; doubles for each further retry.
-    pub backoff: Duration,
-}
-
-impl Default for HttpSettings {
-    fn default() -> HttpSettings {
-        HttpSettings {
-            connect_timeout: Duration::from_secs(3),
-            request_timeout: Duration::from_secs(10),
-            attempts: 3,
-            backoff: Duration::from_millis(200),
-        }
-    }
-}
 
 /// The client and its settings.
 #[derive(Clone, Debug)]

@@ -723,7 +723,9 @@ fn diagnose_target_checks_the_rules_token_file_and_never_shows_the_token() {
         .unwrap();
     let findings = p.diagnose_target(&target);
     assert!(
-        findings.iter().all(|f| f.check.starts_with("oidc.token_file")),
+        findings
+            .iter()
+            .all(|f| f.check.starts_with("oidc.token_file")),
         "{findings:?}"
     );
     assert!(

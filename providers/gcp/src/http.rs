@@ -4,36 +4,10 @@
 //! Reads no env var. Proxies: the API client honours `HTTPS_PROXY`/`NO_PROXY` (reqwest's
 //! system proxy support); the metadata client never uses a proxy.
 
-use std::time::Duration;
-
+pub use regbroker_provider::HttpSettings;
 use regbroker_provider::{Error, MAX_UPSTREAM_BODY};
 use secrecy::SecretString;
 use serde::Deserialize;
-
-/// Timeouts and retries for token calls.
-#[derive(Clone, Debug)]
-pub struct HttpSettings {
-    /// Longest wait for a TCP (and TLS) connection.
-    pub connect_timeout: Duration,
-    /// Longest wait for a whole request, body included.
-    pub request_timeout: Duration,
-    /// How many times a call is made at most when the upstream answers 5xx or 429, or
-    /// refuses the connection (1 = no retry).
-    pub attempts: u32,
-    /// Delay before the first retry; doubles for each further retry.
-    pub backoff: Duration,
-}
-
-impl Default for HttpSettings {
-    fn default() -> HttpSettings {
-        HttpSettings {
-            connect_timeout: Duration::from_secs(3),
-            request_timeout: Duration::from_secs(10),
-            attempts: 3,
-            backoff: Duration::from_millis(200),
-        }
-    }
-}
 
 /// Which upstream a call goes to; decides how some statuses are read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
