@@ -5,7 +5,9 @@
 //! subject and expiry, and answers the robot token, which is the htpasswd password of a
 //! real distribution registry. skopeo pushes and pulls through the docker credential
 //! helper; the sidecar answers the same credential, and refusals reach its clients as
-//! 403 with the reason.
+//! 403 with the reason. Stand-ins of JFrog's and Cloudsmith's OIDC exchanges
+//! (`federated_support::Federation`, from their documentation) do the same for the
+//! `artifactory` and `cloudsmith` rules.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,8 +20,10 @@ mod registry_peer;
 use client_support::{ClientHome, ok};
 use common::ServeProcess;
 use control_plane::ControlPlane;
-use federated_support::{AUDIENCE, Quay, ROBOT, credentials, forged, write_config};
-use registry_peer::oci_layout;
+use federated_support::{
+    AUDIENCE, Federation, Quay, ROBOT, Vendor, credentials, forged, write_config,
+};
+use registry_peer::{http_status, oci_layout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs etcd, kube-apiserver from scripts/peers.sh, skopeo, docker-registry, htpasswd: run scripts/test.sh"]
@@ -143,4 +147,78 @@ async fn quay_federation_pulls_with_the_pods_token_and_refuses_every_other_token
         "{body}"
     );
     assert_eq!(exchange.requests(), before, "the redirect was followed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd, kube-apiserver, crane from scripts/peers.sh, skopeo, docker-registry, htpasswd: run scripts/test.sh"]
+async fn artifactory_and_cloudsmith_exchange_the_pods_token_for_a_registry_password_and_refuse_another_sa()
+ {
+    let cp = ControlPlane::shared();
+    for vendor in [Vendor::Artifactory, Vendor::Cloudsmith] {
+        let ns = cp.namespace(&format!("{vendor:?}").to_lowercase()).await;
+        let fed = Federation::start(cp, &ns, vendor).await;
+        let exchange = &fed.exchange;
+        let host = fed.registry.host.clone();
+        let home = ClientHome::cred_helpers(&[&host]);
+        let token = cp
+            .service_account_token(&ns, "puller", &[vendor.audience()])
+            .await;
+        let token_file = home.path().join("token");
+        std::fs::write(&token_file, &token).unwrap();
+        let config = write_config(home.path(), "good", &fed.rule(Some(&token_file)));
+        let env = [("REGBROKER_CONFIG", config.to_str().unwrap())];
+        assert_eq!(
+            http_status(&host, "/v2/"),
+            401,
+            "{vendor:?}: the registry wants a credential"
+        );
+
+        // skopeo pushes and crane pulls through the helper, which exchanges the token.
+        let layout = oci_layout(home.path(), "federated");
+        let image = format!("{host}/acme/app:v1");
+        ok(
+            &format!("{vendor:?}: skopeo push through the helper"),
+            &home.skopeo_push(&layout, &image, &env),
+        );
+        let (pull, pulled) = home.crane_pull(&image, &env);
+        ok(&format!("{vendor:?}: crane pull through the helper"), &pull);
+        assert!(pulled.join("index.json").is_file());
+        assert!(exchange.requests() >= 2, "{vendor:?}");
+        assert!(exchange.all_accepted(), "{vendor:?}: {:?}", exchange.seen);
+
+        // The sidecar answers the vendor's username (JFrog's from its token's `sub`,
+        // as the rule names none) and the token.
+        let sidecar = ServeProcess::start(&["--config", config.to_str().unwrap()], &[]);
+        let (status, body) = credentials(&sidecar.addr, &host).await;
+        assert_eq!(status, 200, "{vendor:?}: {body}");
+        assert_eq!(body["username"], vendor.username(), "{vendor:?}");
+        assert_eq!(body["password"], exchange.token.as_str(), "{vendor:?}");
+        drop(sidecar);
+
+        // Another ServiceAccount's token, for the right audience: the stand-in refuses
+        // it, and its reason (JFrog's `errors[0].message`, Cloudsmith's `detail`) reaches
+        // the client as 403 with no credential.
+        let other = cp
+            .service_account_token(&ns, "intruder", &[vendor.audience()])
+            .await;
+        let file = home.path().join("token-intruder");
+        std::fs::write(&file, &other).unwrap();
+        let cfg = write_config(home.path(), "intruder", &fed.rule(Some(&file)));
+        let sidecar = ServeProcess::start(&["--config", cfg.to_str().unwrap()], &[]);
+        let before = exchange.requests();
+        let (status, body) = credentials(&sidecar.addr, &host).await;
+        assert_eq!(status, 403, "{vendor:?}: {body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("subject is not trusted"),
+            "{vendor:?}: {body}"
+        );
+        assert!(body.get("password").is_none(), "{vendor:?}: {body}");
+        assert!(
+            !body.to_string().contains(other.as_str()),
+            "{vendor:?}: the token was echoed"
+        );
+        assert_eq!(exchange.requests(), before + 1, "{vendor:?}");
+        assert!(exchange.seen.lock().unwrap().last().unwrap().is_err());
+    }
 }

@@ -6,7 +6,7 @@
 //! audience, and sends it to the stand-in of Quay's robot federation
 //! (`federated_support`), which verifies it against the API server's JWKS and trusts only
 //! `puller`; its robot token is the htpasswd password of a real distribution registry,
-//! and crane and skopeo pull with the Secrets as their docker config.
+//! and crane, skopeo, helm and oras pull with the Secrets as their docker config.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use base64::Engine as _;
-use client_support::{ClientHome, ok};
+use client_support::{ClientHome, ok, text};
 use common::ServeProcess;
 use control_plane::{ControlPlane, eventually};
 use federated_support::{Quay, ROBOT, write_config};
@@ -28,6 +28,9 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use regbroker::controller::api::{RegistryCredential, RegistryCredentialSpec};
 use registry_peer::{http_status, oci_layout};
+
+/// The version of this repository's chart (deploy/chart/regbroker/Chart.yaml).
+const CHART_VERSION: &str = "0.1.0";
 
 /// Every `auths` entry of a dockerconfigjson Secret: registry -> (username, password).
 fn auths(s: &Secret) -> BTreeMap<String, (String, String)> {
@@ -88,7 +91,7 @@ async fn event_notes(cp: &ControlPlane, ns: &str, name: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs etcd, kube-apiserver, kubectl, crane from scripts/peers.sh, skopeo, docker-registry, htpasswd: run scripts/test.sh"]
+#[ignore = "needs etcd, kube-apiserver, kubectl, crane, helm from scripts/peers.sh, oras (PyPI), skopeo, docker-registry, htpasswd: run scripts/test.sh"]
 async fn secrets_synced_and_registry_credentials_hold_the_robot_token_of_their_own_service_account_only()
  {
     let cp = ControlPlane::shared();
@@ -149,6 +152,27 @@ async fn secrets_synced_and_registry_credentials_hold_the_robot_token_of_their_o
     let (pull, pulled) = home.crane_pull(&image, &[]);
     ok("crane pull with the synced Secret", &pull);
     assert!(pulled.join("index.json").is_file());
+    // helm (the Secret as its registry config) and oras push and pull with it too.
+    let tgz = home.helm_package();
+    let charts = format!("oci://{host}/charts");
+    ok(
+        "helm push with the synced Secret",
+        &home.helm(
+            &["push", tgz.to_str().unwrap(), &charts, "--plain-http"],
+            &[],
+        ),
+    );
+    let (pull, pulled) = home.helm_pull(&format!("{host}/charts/regbroker"), CHART_VERSION, &[]);
+    ok("helm pull with the synced Secret", &pull);
+    assert_eq!(
+        std::fs::read(&pulled).unwrap(),
+        std::fs::read(&tgz).unwrap()
+    );
+    let artifact = home.path().join("artifact.txt");
+    std::fs::write(&artifact, "federated through a synced Secret").unwrap();
+    let run = home.oras(&format!("{host}/acme/artifact:v1"), Some(&artifact), &[]);
+    ok("oras push and pull with the synced Secret", &run);
+    assert!(text(&run.stdout).contains("federated through a synced Secret"));
 
     // A RegistryCredential naming `puller`: Ready, its Secret the robot credential, which
     // pulls.

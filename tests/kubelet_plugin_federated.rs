@@ -8,17 +8,20 @@
 //!   robot federation endpoint (`federated_support`), which verifies it against the API
 //!   server's JWKS, issuer, audience, subject and expiry; only the trusted ServiceAccount
 //!   gets the robot token.
+//! - `regbroker-artifactory` and `regbroker-cloudsmith` (`cacheType: ServiceAccount`): the
+//!   token goes to stand-ins of JFrog's and Cloudsmith's OIDC exchanges
+//!   (`federated_support::VendorExchange`), which verify it the same way.
 //! - `regbroker-zot` (`cacheType: Token`): the `oidc` pass-through, whose password is the
 //!   pod's own token; the kubelet takes it only from a `cacheType: Token` entry, and
 //!   regbroker refuses it when the kubelet sent no token.
 //!
 //! Changed in the shipped config, and only that (each change is asserted to apply, and no
-//! placeholder is left): the placeholder hosts (`quay.example.com`, `zot.example.com`)
-//! become loopback ones, their audiences the stand-ins', and `REGBROKER_CONFIG` a file of
-//! the test's with the two rules. Quay serves its federation on the registry's own host,
-//! so the Quay host is the stand-in's address; nothing serves the Zot host (a port that
-//! refuses connections): the harness pulls nothing, it reports what the kubelet would
-//! pull with.
+//! placeholder is left): the placeholder hosts (`quay.example.com`, `acme.jfrog.io`,
+//! `docker.cloudsmith.io`, `zot.example.com`) become loopback ones, their audiences the
+//! stand-ins', and `REGBROKER_CONFIG` a file of the test's with the four rules. Each
+//! exchange's host is its stand-in's address (Quay and Artifactory serve theirs on the
+//! registry's own host); nothing serves the Zot host (a port that refuses connections):
+//! the harness pulls nothing, it reports what the kubelet would pull with.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 #![cfg(feature = "federated")]
@@ -35,7 +38,10 @@ use std::sync::{Arc, Mutex};
 
 use cloud_fakes::{claims, review, subject};
 use control_plane::ControlPlane;
-use federated_support::{AUDIENCE, Exchange, ROBOT, discovery, rand_u128, serve};
+use federated_support::{
+    AUDIENCE, CLOUDSMITH_SERVICE, Exchange, JFROG_PROVIDER, JFROG_USER, ROBOT, Vendor,
+    VendorExchange, discovery, rand_u128, serve,
+};
 use kubelet_support::{Kubelet, assert_token_unlogged, for_pod, pod_of, workload};
 use serde_json::json;
 
@@ -58,11 +64,15 @@ struct Federated {
     robot_token: String,
     quay_image: String,
     zot_image: String,
+    jfrog: VendorExchange,
+    jfrog_image: String,
+    cloudsmith: VendorExchange,
+    cloudsmith_image: String,
 }
 
 /// The shipped config with its placeholders replaced, the Quay stand-in trusting
 /// ServiceAccount `trusted` (`system:serviceaccount:NS:NAME`), and a regbroker config of
-/// the two rules; `edit` changes the config further before `REGBROKER_CONFIG` is set
+/// the four rules; `edit` changes the config further before `REGBROKER_CONFIG` is set
 /// (a test's own change to an entry).
 async fn federated(
     cp: &'static ControlPlane,
@@ -71,6 +81,9 @@ async fn federated(
 ) -> Federated {
     let (issuer, keys) = discovery(cp).await;
     let robot_token = format!("robot-{:032x}", rand_u128());
+    let jfrog = VendorExchange::serve(Vendor::Artifactory, &issuer, keys.clone(), trusted).await;
+    let cloudsmith =
+        VendorExchange::serve(Vendor::Cloudsmith, &issuer, keys.clone(), trusted).await;
     let exchange = Arc::new(Exchange {
         issuer,
         keys,
@@ -87,6 +100,25 @@ async fn federated(
         .replace(
             "serviceAccountTokenAudience: quay.example.com",
             &format!("serviceAccountTokenAudience: {AUDIENCE}"),
+        )
+        .replace("- \"acme.jfrog.io\"", &format!("- \"{}\"", jfrog.host()))
+        .replace(
+            "serviceAccountTokenAudience: jfrog\n",
+            &format!(
+                "serviceAccountTokenAudience: {}\n",
+                Vendor::Artifactory.audience()
+            ),
+        )
+        .replace(
+            "- \"docker.cloudsmith.io\"",
+            &format!("- \"{}\"", cloudsmith.host()),
+        )
+        .replace(
+            "serviceAccountTokenAudience: https://api.cloudsmith.io\n",
+            &format!(
+                "serviceAccountTokenAudience: {}\n",
+                Vendor::Cloudsmith.audience()
+            ),
         )
         .replace("- \"zot.example.com\"", &format!("- \"{zot_host}\""))
         .replace(
@@ -106,21 +138,31 @@ options = {{ audience = "{AUDIENCE}", robot = "{ROBOT}", url = "{url}" }}
 match = "{zot_host}"
 source = "oidc"
 options = {{ audience = "{ZOT_AUDIENCE}", username = "{ZOT_USERNAME}" }}
-"#
+
+{}
+{}"#,
+            jfrog.rule(jfrog.host(), None),
+            cloudsmith.rule(cloudsmith.host(), None),
         ),
     );
     let kubelet = kubelet.replace(SHIPPED_REGBROKER_CONFIG, &rules.display().to_string());
-    assert!(
-        !kubelet.config.contains("example.com"),
-        "a placeholder is left: {}",
-        kubelet.config
-    );
+    for placeholder in ["example.com", "jfrog.io", "cloudsmith.io"] {
+        assert!(
+            !kubelet.config.contains(placeholder),
+            "a placeholder is left: {}",
+            kubelet.config
+        );
+    }
     Federated {
         kubelet,
         exchange,
         robot_token,
         quay_image: format!("{quay_host}/acme/app:1"),
         zot_image: format!("{zot_host}/acme/app:1"),
+        jfrog_image: format!("{}/docker-local/app:1", jfrog.host()),
+        cloudsmith_image: format!("{}/acme/app:1", cloudsmith.host()),
+        jfrog,
+        cloudsmith,
     }
 }
 
@@ -169,7 +211,12 @@ async fn quay_robot_token_goes_to_the_trusted_service_account_and_never_to_anoth
         .await;
     assert_eq!(
         run.report["providers"],
-        json!(["regbroker-quay", "regbroker-zot"])
+        json!([
+            "regbroker-quay",
+            "regbroker-artifactory",
+            "regbroker-cloudsmith",
+            "regbroker-zot"
+        ])
     );
     assert_eq!(run.lookup(0)["providers"], json!(["regbroker-quay"]));
     let robot = (
@@ -216,6 +263,74 @@ async fn quay_robot_token_goes_to_the_trusted_service_account_and_never_to_anoth
             (ROBOT.to_string(), Err(why)),
         ]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs kubelet-credential-harness, etcd, kube-apiserver from scripts/peers.sh; run scripts/test.sh"]
+async fn artifactory_and_cloudsmith_tokens_go_to_the_trusted_service_account_only() {
+    let cp = ControlPlane::shared();
+    let (a, b) = (
+        cp.namespace("kpf-vendor-a").await,
+        cp.namespace("kpf-vendor-b").await,
+    );
+    workload(cp, &a, "app", &[]).await;
+    workload(cp, &b, "app", &[]).await;
+    let f = federated(cp, &subject(&a), as_shipped).await;
+    let run = f
+        .kubelet
+        .run(&[
+            for_pod(&a, "app", &f.jfrog_image),
+            for_pod(&b, "app", &f.jfrog_image),
+            for_pod(&a, "app", &f.cloudsmith_image),
+            for_pod(&b, "app", &f.cloudsmith_image),
+        ])
+        .await;
+    for (i, name, exchange, username, trusted_by) in [
+        (
+            0,
+            "regbroker-artifactory",
+            &f.jfrog,
+            JFROG_USER,
+            JFROG_PROVIDER,
+        ),
+        (
+            2,
+            "regbroker-cloudsmith",
+            &f.cloudsmith,
+            "token",
+            CLOUDSMITH_SERVICE,
+        ),
+    ] {
+        assert_eq!(run.lookup(i)["providers"], json!([name]), "{}", run.report);
+        // a: the vendor's token, with JFrog's user read from its access token's `sub`
+        // and Cloudsmith's documented `token`, tracked to a's ServiceAccount.
+        assert_eq!(
+            run.credentials(i),
+            [(
+                username.to_string(),
+                exchange.token.clone(),
+                format!("{a}/puller")
+            )],
+            "{}",
+            run.report
+        );
+        assert_eq!(run.errors(i), "[]");
+        // b: refused by the stand-in, whose reason reaches the kubelet's log.
+        assert_eq!(run.passwords(i + 1), Vec::<String>::new(), "{}", run.report);
+        let errors = run.errors(i + 1);
+        assert!(errors.contains(name), "{errors}");
+        assert!(
+            errors.contains(&format!(
+                "the token's subject is not trusted by {trusted_by}"
+            )),
+            "{errors}"
+        );
+        assert!(!errors.contains(&exchange.token), "{errors}");
+        let seen = exchange.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{name}: {seen:?}");
+        assert!(seen[0].is_ok() && seen[1].is_err(), "{name}: {seen:?}");
+    }
+    assert_eq!(f.exchange.requests(), 0, "nothing went to Quay");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,7 +459,10 @@ async fn pass_through_token_never_reaches_the_disk_cache() {
         )
     })
     .await;
-    assert_eq!(f.kubelet.config.matches("REGBROKER_CACHE_DIR").count(), 2);
+    assert_eq!(
+        f.kubelet.config.matches("REGBROKER_CACHE_DIR").count(),
+        f.kubelet.provider_names().len()
+    );
     let run = f
         .kubelet
         .run(&[

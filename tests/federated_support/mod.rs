@@ -483,3 +483,261 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
     "proxy-connection",
 ];
+
+/// The vendors a [`Federation`] stand-in speaks for, each written here from the vendor's
+/// public documentation (neither runs here), as recorded in `providers/federated/README.md`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vendor {
+    /// JFrog's OIDC token exchange: `POST /access/api/v1/oidc/token`, a JSON
+    /// token-exchange request (`grant_type`, `subject_token_type` id_token,
+    /// `subject_token`, `provider_name`); answers `access_token` (a JWT whose `sub` is
+    /// `<service id>/users/<user>`), `expires_in` as a string (as in JFrog's examples),
+    /// `token_type` and `scope`, and no `username`.
+    Artifactory,
+    /// Cloudsmith's OIDC exchange: `POST /openid/<org>/` with `oidc_token` and
+    /// `service_slug`; answers `201 {"token": ...}`.
+    Cloudsmith,
+}
+
+/// The JFrog OIDC integration the stand-in knows.
+pub const JFROG_PROVIDER: &str = "regbroker-k8s";
+/// The JFrog user its identity mapping gives `puller`: only the access token's `sub` says so.
+pub const JFROG_USER: &str = "ci-puller";
+/// The Cloudsmith organisation and the service account whose OIDC trusts `puller`.
+pub const CLOUDSMITH_ORG: &str = "acme";
+pub const CLOUDSMITH_SERVICE: &str = "k8s-puller";
+
+impl Vendor {
+    /// The audience the vendor's OIDC integration is configured to trust.
+    pub fn audience(self) -> &'static str {
+        match self {
+            Vendor::Artifactory => "jfrog.regbroker.test",
+            Vendor::Cloudsmith => "cloudsmith.regbroker.test",
+        }
+    }
+
+    /// The registry username its tokens log in with: JFrog's mapped user; Cloudsmith's
+    /// documented `token`.
+    pub fn username(self) -> &'static str {
+        match self {
+            Vendor::Artifactory => JFROG_USER,
+            Vendor::Cloudsmith => "token",
+        }
+    }
+
+    /// A fresh access token as the vendor hands it out. JFrog's is a JWT naming the
+    /// user in its `sub`; random bits come first in its payload (the distribution
+    /// registry's bcrypt reads only a password's first 72 bytes).
+    fn new_token(self) -> String {
+        match self {
+            Vendor::Artifactory => {
+                let enc = |v: serde_json::Value| {
+                    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+                };
+                format!(
+                    "{}.{}.{:032x}",
+                    enc(serde_json::json!({"alg": "RS256"})),
+                    enc(serde_json::json!({
+                        "jti": format!("{:032x}", rand_u128()),
+                        "sub": format!("jfac@01h0regbroker/users/{JFROG_USER}"),
+                        "scp": "applied-permissions/user",
+                    })),
+                    rand_u128()
+                )
+            }
+            Vendor::Cloudsmith => format!("cs-{:032x}", rand_u128()),
+        }
+    }
+}
+
+/// A stand-in of `vendor`'s exchange on loopback, trusting one subject's tokens from the
+/// API server for the vendor's audience and handing out one token.
+pub struct VendorExchange {
+    pub vendor: Vendor,
+    /// The stand-in's base URL: a rule's `url`.
+    pub url: String,
+    /// The one token it hands out.
+    pub token: String,
+    /// Every exchange's verdict.
+    pub seen: Arc<Mutex<Vec<Result<(), String>>>>,
+}
+
+struct VendorState {
+    vendor: Vendor,
+    issuer: String,
+    keys: Vec<(String, Vec<u8>)>,
+    subject: String,
+    token: String,
+    seen: Arc<Mutex<Vec<Result<(), String>>>>,
+}
+
+impl VendorState {
+    /// The request's fields as the vendor documents them, then the token.
+    fn verify(&self, request: &serde_json::Value) -> Result<(), String> {
+        let field = |k: &str| request[k].as_str().unwrap_or_default().to_string();
+        let (jwt, trusted_by) = match self.vendor {
+            Vendor::Artifactory => {
+                if field("grant_type") != "urn:ietf:params:oauth:grant-type:token-exchange"
+                    || field("subject_token_type") != "urn:ietf:params:oauth:token-type:id_token"
+                {
+                    return Err("not an OIDC token-exchange request".into());
+                }
+                if field("provider_name") != JFROG_PROVIDER {
+                    return Err(format!(
+                        "no OIDC integration named {}",
+                        field("provider_name")
+                    ));
+                }
+                (field("subject_token"), JFROG_PROVIDER)
+            }
+            Vendor::Cloudsmith => {
+                if field("service_slug") != CLOUDSMITH_SERVICE {
+                    return Err(format!("no OIDC for service {}", field("service_slug")));
+                }
+                (field("oidc_token"), CLOUDSMITH_SERVICE)
+            }
+        };
+        verify_token(
+            &self.issuer,
+            &self.keys,
+            self.vendor.audience(),
+            &self.subject,
+            trusted_by,
+            &jwt,
+        )
+    }
+
+    /// The vendor's answer: JFrog's token-exchange answer or its `errors`; Cloudsmith's
+    /// `201 {"token"}` or its `detail`.
+    fn answer(&self, verdict: Result<(), String>) -> (StatusCode, axum::Json<serde_json::Value>) {
+        let (status, body) = match (verdict, self.vendor) {
+            (Ok(()), Vendor::Artifactory) => (
+                StatusCode::OK,
+                serde_json::json!({
+                    "access_token": self.token,
+                    "expires_in": "3600",
+                    "token_type": "Bearer",
+                    "scope": "applied-permissions/user",
+                }),
+            ),
+            (Ok(()), Vendor::Cloudsmith) => (
+                StatusCode::CREATED,
+                serde_json::json!({"token": self.token}),
+            ),
+            (Err(why), Vendor::Artifactory) => (
+                StatusCode::UNAUTHORIZED,
+                serde_json::json!({"errors": [{"code": "UNAUTHORIZED", "message": why}]}),
+            ),
+            (Err(why), Vendor::Cloudsmith) => {
+                (StatusCode::UNAUTHORIZED, serde_json::json!({"detail": why}))
+            }
+        };
+        (status, axum::Json(body))
+    }
+}
+
+impl VendorExchange {
+    /// Serves `vendor`'s exchange trusting `subject`'s tokens from `issuer`, signed by
+    /// one of `keys`, for the vendor's audience.
+    pub async fn serve(
+        vendor: Vendor,
+        issuer: &str,
+        keys: Vec<(String, Vec<u8>)>,
+        subject: &str,
+    ) -> VendorExchange {
+        let token = vendor.new_token();
+        let seen = Arc::new(Mutex::default());
+        let state = Arc::new(VendorState {
+            vendor,
+            issuer: issuer.to_string(),
+            keys,
+            subject: subject.to_string(),
+            token: token.clone(),
+            seen: Arc::clone(&seen),
+        });
+        let handler = move |body: axum::body::Bytes| {
+            let state = state.clone();
+            async move {
+                let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let verdict = state.verify(&request);
+                state.seen.lock().unwrap().push(verdict.clone());
+                state.answer(verdict)
+            }
+        };
+        let path = match vendor {
+            Vendor::Artifactory => "/access/api/v1/oidc/token".to_string(),
+            Vendor::Cloudsmith => format!("/openid/{CLOUDSMITH_ORG}/"),
+        };
+        let app = axum::Router::new().route(&path, axum::routing::post(handler));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        VendorExchange {
+            vendor,
+            url,
+            token,
+            seen,
+        }
+    }
+
+    /// `host:port` of the stand-in.
+    pub fn host(&self) -> &str {
+        self.url.strip_prefix("http://").unwrap()
+    }
+
+    /// The `[[rule]]` sending `host` to the stand-in, reading `token_file` when given.
+    /// The Artifactory rule names no `username`: it comes from the access token.
+    pub fn rule(&self, host: &str, token_file: Option<&Path>) -> String {
+        let file = token_file
+            .map(|f| format!(", token_file = \"{}\"", f.display()))
+            .unwrap_or_default();
+        let (source, names) = match self.vendor {
+            Vendor::Artifactory => (
+                "artifactory",
+                format!("provider_name = \"{JFROG_PROVIDER}\""),
+            ),
+            Vendor::Cloudsmith => (
+                "cloudsmith",
+                format!("org = \"{CLOUDSMITH_ORG}\", service = \"{CLOUDSMITH_SERVICE}\""),
+            ),
+        };
+        format!(
+            "[[rule]]\nmatch = \"{host}\"\nsource = \"{source}\"\noptions = {{ audience = \"{}\", {names}, url = \"{}\"{file} }}\n",
+            self.vendor.audience(),
+            self.url
+        )
+    }
+
+    /// How many exchanges it answered or refused.
+    pub fn requests(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// Whether every exchange so far handed out the token.
+    pub fn all_accepted(&self) -> bool {
+        self.seen.lock().unwrap().iter().all(Result::is_ok)
+    }
+}
+
+/// [`VendorExchange`] trusting `system:serviceaccount:NS:puller`, in front of a
+/// distribution registry whose one htpasswd user is the vendor's username with the
+/// handed-out token as its password.
+pub struct Federation {
+    pub registry: Registry,
+    pub exchange: VendorExchange,
+}
+
+impl Federation {
+    pub async fn start(cp: &ControlPlane, ns: &str, vendor: Vendor) -> Federation {
+        let (issuer, keys) = discovery(cp).await;
+        let subject = format!("system:serviceaccount:{ns}:puller");
+        let exchange = VendorExchange::serve(vendor, &issuer, keys, &subject).await;
+        let registry = Registry::start_with(Some((vendor.username(), &exchange.token)));
+        Federation { registry, exchange }
+    }
+
+    /// The registry's rule.
+    pub fn rule(&self, token_file: Option<&Path>) -> String {
+        self.exchange.rule(&self.registry.host, token_file)
+    }
+}
