@@ -1163,6 +1163,49 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "federated")]
+    #[test]
+    fn the_fetched_as_digest_changes_with_each_part_of_the_identity_and_only_then() {
+        use regbroker_federated::{FederatedProvider, Kind};
+        let registry = |h: &str| Registry::parse(h).unwrap();
+        let served = |kind: Kind, host: &str| {
+            let p: Arc<dyn regbroker_provider::Provider> =
+                Arc::new(FederatedProvider::new(kind).unwrap());
+            BTreeMap::from([(registry(host), (p, Target::new(registry(host), "scope")))])
+        };
+        let account = |uid: &str, annotations: &[(&str, &str)]| -> tokens::Account {
+            (
+                uid.to_string(),
+                annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        let quay = served(Kind::Quay, "quay.example.com");
+        let a1 = account("uid-1", &[("a", "1")]);
+        let base = fetched_as("ns", "sa", &a1, &quay);
+        assert_eq!(base.len(), 32, "{base}");
+        assert!(base.bytes().all(|b| b.is_ascii_hexdigit()), "{base}");
+        assert_eq!(base, fetched_as("ns", "sa", &a1, &quay), "deterministic");
+        let others = [
+            fetched_as("ns2", "sa", &a1, &quay),
+            fetched_as("ns", "sb", &a1, &quay),
+            // The boundary between fields counts: "ns"+"sa" is not "nss"+"a".
+            fetched_as("nss", "a", &a1, &quay),
+            fetched_as("ns", "sa", &account("uid-2", &[("a", "1")]), &quay),
+            fetched_as("ns", "sa", &account("uid-1", &[("a", "2")]), &quay),
+            fetched_as("ns", "sa", &account("uid-1", &[("b", "1")]), &quay),
+            fetched_as("ns", "sa", &account("uid-1", &[]), &quay),
+            fetched_as("ns", "sa", &a1, &served(Kind::Oidc, "quay.example.com")),
+            fetched_as("ns", "sa", &a1, &served(Kind::Quay, "quay2.example.com")),
+            fetched_as("ns", "sa", &a1, &BTreeMap::new()),
+        ];
+        for (i, other) in others.iter().enumerate() {
+            assert_ne!(&base, other, "change {i} kept the digest");
+        }
+    }
+
     #[test]
     fn error_codes_become_camel_case_reasons() {
         assert_eq!(camel("upstream_unavailable"), "UpstreamUnavailable");
