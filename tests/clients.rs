@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use common::ServeProcess;
 use common::process::{CLI_BOUND, KillOnDrop, PEER_CLIENT_BOUND, run_bounded};
-use registry_peer::{Emulator, PASSWORD, Registry, USER, http_status, oci_layout, peer};
+use registry_peer::{
+    Emulator, PASSWORD, Registry, USER, http_status, oci_layout, peer, python_with_oras,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
 
@@ -237,20 +239,7 @@ fn skopeo_goes_anonymous_when_the_helper_has_nothing() {
 #[test]
 #[ignore = "needs python3, oras (PyPI), docker-registry, htpasswd: run scripts/test.sh"]
 fn oras_pushes_and_pulls_with_the_docker_config_sink() {
-    let python = peer("python3", "apt-get install python3");
-    let has_oras = run_bounded(
-        Command::new(&python).args(["-c", "import oras.client"]),
-        None,
-        CLI_BOUND,
-    )
-    .status
-    .success();
-    assert!(
-        has_oras,
-        "test peer `oras` (the Python client) is missing from {}; install it with \
-         `pip install oras`, or run `bash scripts/test.sh`, which installs every peer",
-        python.display()
-    );
+    let python = python_with_oras();
     let reg = Registry::start(false);
     let dir = tempfile::tempdir().unwrap();
     let good = static_config(dir.path(), &reg.host, PASSWORD);

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use crate::common::process::{CLI_BOUND, PEER_CLIENT_BOUND, run_bounded};
+use crate::common::process::{PEER_CLIENT_BOUND, run_bounded};
 use crate::control_plane::Peers;
 
 const BIN: &str = env!("CARGO_BIN_EXE_regbroker");
@@ -229,7 +229,7 @@ print(open(files[0]).read())
 "#;
         let out = self.fresh_dir("oras-pulled");
         self.run(
-            &python_with_oras(),
+            &crate::registry_peer::python_with_oras(),
             &[
                 "-c",
                 script,
@@ -281,23 +281,4 @@ pub fn peers() -> &'static Peers {
 
 fn skopeo() -> PathBuf {
     crate::registry_peer::peer("skopeo", "apt-get install skopeo")
-}
-
-/// python3 from PATH, which must import the oras client.
-fn python_with_oras() -> PathBuf {
-    let python = crate::registry_peer::peer("python3", "apt-get install python3");
-    let has_oras = run_bounded(
-        Command::new(&python).args(["-c", "import oras.client"]),
-        None,
-        CLI_BOUND,
-    )
-    .status
-    .success();
-    assert!(
-        has_oras,
-        "test peer `oras` (the Python client) is missing from {}; install it with \
-         `pip install oras`, or run `bash scripts/test.sh`, which installs every peer",
-        python.display()
-    );
-    python
 }

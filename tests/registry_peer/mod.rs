@@ -550,3 +550,22 @@ pub fn oci_layout(dir: &Path, marker: &str) -> PathBuf {
     std::fs::write(root.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
     root
 }
+
+/// python3 from PATH, which must import the oras client.
+pub fn python_with_oras() -> PathBuf {
+    let python = peer("python3", "apt-get install python3");
+    let has_oras = run_bounded(
+        Command::new(&python).args(["-c", "import oras.client"]),
+        None,
+        CLI_BOUND,
+    )
+    .status
+    .success();
+    assert!(
+        has_oras,
+        "test peer `oras` (the Python client) is missing from {}; install it with \
+         `pip install oras`, or run `bash scripts/test.sh`, which installs every peer",
+        python.display()
+    );
+    python
+}

@@ -113,6 +113,24 @@ mod tests {
         assert!(e.message().contains(&*missing.to_string_lossy()), "{e}");
         let e = read_text(&dir).unwrap_err();
         assert!(e.message().contains("cannot be read"), "{e}");
+        assert!(e.message().contains("it is a directory"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn io_reasons_are_short_and_say_what_is_wrong() {
+        use std::io::{Error, ErrorKind as Io};
+        // The OS errors as a read returns them (EACCES, EISDIR), whose own text names the
+        // error number. Root reads any file, so a denied read is made here, not on disk.
+        let denied = Error::from_raw_os_error(13);
+        assert_eq!(denied.kind(), Io::PermissionDenied);
+        assert_eq!(io_reason(&denied), "permission denied");
+        let directory = Error::from_raw_os_error(21);
+        assert_eq!(directory.kind(), Io::IsADirectory);
+        assert_eq!(io_reason(&directory), "it is a directory");
+        assert_eq!(
+            io_reason(&Error::new(Io::Other, "disk on fire")),
+            "disk on fire"
+        );
     }
 }

@@ -271,6 +271,13 @@ mod tests {
     }
 
     #[test]
+    fn free_text_may_be_512_characters_and_not_one_more() {
+        assert!(check_value(AUDIENCE, &"a".repeat(512)).is_ok());
+        let e = check_value(AUDIENCE, &"a".repeat(513)).unwrap_err();
+        assert!(e.contains("1 to 512"), "{e}");
+    }
+
+    #[test]
     fn bad_values_are_refused_naming_the_option() {
         for (key, value, needle) in [
             (TOKEN_FILE, "var/run/token", "absolute path"),
@@ -283,6 +290,10 @@ mod tests {
             (AUDIENCE, "with space", "printable"),
             (URL, "http://quay.example.com", "in the clear"),
             (URL, "https://u:p@quay.example.com", "userinfo"),
+            (URL, "https://u@quay.example.com", "userinfo"),
+            (URL, "https://:p@quay.example.com", "userinfo"),
+            (AUDIENCE, "", "1 to 512"),
+            (PROVIDER_NAME, "", "1 to 512"),
             (URL, "https://quay.example.com/?x=1", "query"),
             (URL, "ftp://quay.example.com", "not https"),
             (URL, "not a url", "not a URL"),
