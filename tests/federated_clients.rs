@@ -32,8 +32,9 @@ use registry_peer::{Registry, http_status, oci_layout};
 const CHART_VERSION: &str = "0.1.0";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs etcd, kube-apiserver, crane, helm from scripts/peers.sh, oras (PyPI), docker-registry, htpasswd: run scripts/test.sh"]
-async fn crane_helm_and_oras_pull_with_a_quay_robot_token_through_the_helper_and_the_sidecar() {
+#[ignore = "needs etcd, kube-apiserver, crane, helm from scripts/peers.sh, oras (PyPI), skopeo, docker-registry, htpasswd: run scripts/test.sh"]
+async fn crane_helm_oras_and_skopeo_pull_with_a_quay_robot_token_through_the_helper_and_the_sidecar()
+ {
     let cp = ControlPlane::shared();
     let ns = cp.namespace("quay-clients").await;
     let quay = Quay::start(cp, &ns).await;
@@ -85,12 +86,15 @@ async fn crane_helm_and_oras_pull_with_a_quay_robot_token_through_the_helper_and
     assert!(quay.all_accepted());
 
     // The sidecar: the helper has no configuration, only the sidecar's address; one
-    // exchange serves all three clients from the sidecar's cache.
+    // exchange serves all four clients from the sidecar's cache.
     let mut sidecar = ServeProcess::start(&["--config", config.to_str().unwrap()], &[]);
     let endpoint = format!("http://{}", sidecar.addr);
     let via = [("REGBROKER_ENDPOINT", endpoint.as_str())];
     let (pull, pulled) = home.crane_pull(&image, &via);
     ok("crane pull via the sidecar", &pull);
+    assert!(pulled.join("index.json").is_file());
+    let (pull, pulled) = home.skopeo_pull(&image, &via);
+    ok("skopeo pull via the sidecar", &pull);
     assert!(pulled.join("index.json").is_file());
     let (pull, pulled) = home.helm_pull(&chart, CHART_VERSION, &via);
     ok("helm pull via the sidecar", &pull);
