@@ -39,7 +39,7 @@
 #   --no-install    never run apt-get, even as root (missing packages are then reported
 #                   as for a non-root user)
 # Everything else before `--` goes to cargo (`-p regbroker --test clients`, `--release`, a
-# test-name filter, `--no-fail-fast`, ...); `--workspace` is added unless a package is
+# test-name filter, ...; `--no-fail-fast` is the default); `--workspace` is added unless a package is
 # named with -p/--package (cargo would otherwise ignore -p). Everything after `--` goes to
 # the test binaries after this script's own flags, so a filter there narrows the run
 # (`-- skopeo`, `-- --nocapture`). With `--exact` in TEST_ARGS the `--skip` filters match
@@ -292,7 +292,11 @@ if [[ -n $setup_only ]]; then
 fi
 
 # --- Run ------------------------------------------------------------------------------------
-cmd=(cargo test "${workspace[@]}" "${cargo_args[@]}" -- --include-ignored --skip "$real_cloud"
+# Every test binary runs even after one fails (cargo stops at the first by default, which
+# once hid what the binaries after it would have said), unless told otherwise.
+fail_fast=(--no-fail-fast)
+for a in "${cargo_args[@]}"; do [[ $a != --no-fail-fast ]] || fail_fast=(); done
+cmd=(cargo test "${workspace[@]}" "${fail_fast[@]}" "${cargo_args[@]}" -- --include-ignored --skip "$real_cloud"
   "${skip_args[@]}" "${test_args[@]}")
 log "running: ${cmd[*]}"
 out=$(mktemp "${TMPDIR:-/tmp}/regbroker-test.XXXXXX")
