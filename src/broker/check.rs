@@ -69,7 +69,7 @@ const MAX_TOKEN_BODY: usize = 64 * 1024;
 /// bounded.
 #[derive(Clone, Debug)]
 pub struct Checker {
-    client: reqwest::Client,
+    client: std::sync::OnceLock<reqwest::Client>,
 }
 
 impl Default for Checker {
@@ -278,15 +278,24 @@ fn unreachable(what: &str, e: reqwest::Error) -> Verdict {
 }
 
 impl Checker {
-    /// A checker with its own HTTP client.
+    /// A checker with its own HTTP client, built on its first check: building one loads
+    /// the system's root certificates (about 5 ms), which a process that checks nothing
+    /// (every credential helper run) must not pay at start.
     pub fn new() -> Checker {
-        let client = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(TIMEOUT)
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .unwrap_or_default();
-        Checker { client }
+        Checker {
+            client: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn client(&self) -> &reqwest::Client {
+        self.client.get_or_init(|| {
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .timeout(TIMEOUT)
+                .connect_timeout(Duration::from_secs(5))
+                .build()
+                .unwrap_or_default()
+        })
     }
 
     /// Asks `registry` whether it accepts `credential`, as a client logging in would.
@@ -297,7 +306,7 @@ impl Checker {
         policy: &Policy,
     ) -> Verdict {
         let v2 = format!("{}/v2/", base(registry));
-        let first = match self.client.get(&v2).send().await {
+        let first = match self.client().get(&v2).send().await {
             Ok(r) => r,
             Err(e) => return unreachable(registry.as_str(), e),
         };
@@ -320,7 +329,7 @@ impl Checker {
         let password = credential.secret().expose_secret();
         match challenge.scheme.as_str() {
             "basic" => match self
-                .client
+                .client()
                 .get(&v2)
                 .basic_auth(user, Some(password))
                 .send()
@@ -347,7 +356,7 @@ impl Checker {
                     query.push(("service", service));
                 }
                 let answer = match self
-                    .client
+                    .client()
                     .get(realm.clone())
                     .query(&query)
                     .basic_auth(user, Some(password))
@@ -371,7 +380,7 @@ impl Checker {
                     return Verdict::Skipped("the token realm's answer holds no token".into());
                 };
                 match self
-                    .client
+                    .client()
                     .get(&v2)
                     .bearer_auth(token.as_str())
                     .send()
@@ -412,6 +421,16 @@ mod tests {
 
     fn reg(s: &str) -> Registry {
         Registry::parse(s).unwrap()
+    }
+
+    #[test]
+    fn the_http_client_is_built_at_the_first_check_not_before() {
+        // Building it loads every root certificate on the system: a helper run that
+        // checks nothing must not pay for that (BENCHMARKS.md, "Start-up").
+        let checker = Checker::new();
+        assert!(checker.client.get().is_none());
+        let _ = checker.client();
+        assert!(checker.client.get().is_some());
     }
 
     #[test]

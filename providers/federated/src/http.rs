@@ -7,22 +7,37 @@ pub use regbroker_provider::HttpSettings;
 use regbroker_provider::{Error, ExposeSecret, MAX_UPSTREAM_BODY, SecretString};
 use secrecy::zeroize::Zeroizing;
 
-/// The client and its settings.
+/// The client, built on first use, and its settings.
 #[derive(Clone, Debug)]
 pub(crate) struct Http {
-    pub(crate) client: reqwest::Client,
+    /// Building a client loads the system's root certificates (every file under
+    /// `/etc/ssl/certs`: about 5 ms), which a process that never calls this provider
+    /// (a credential helper answering a static entry, a sidecar whose rules name no
+    /// federated provider) must not pay at start.
+    client: std::sync::OnceLock<reqwest::Client>,
     settings: HttpSettings,
 }
 
 impl Http {
-    pub(crate) fn new(settings: HttpSettings) -> Result<Http, String> {
-        let client = reqwest::Client::builder()
+    pub(crate) fn new(settings: HttpSettings) -> Http {
+        Http {
+            client: std::sync::OnceLock::new(),
+            settings,
+        }
+    }
+
+    /// The client, built now if this is the first call.
+    fn client(&self) -> Result<&reqwest::Client, Error> {
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        let built = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(settings.connect_timeout)
-            .timeout(settings.request_timeout)
+            .connect_timeout(self.settings.connect_timeout)
+            .timeout(self.settings.request_timeout)
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Http { client, settings })
+            .map_err(|e| Error::unavailable(format!("cannot build the HTTP client: {e}")))?;
+        Ok(self.client.get_or_init(|| built))
     }
 
     /// Sends what `build` makes until it succeeds or fails for good; `what` names the
@@ -37,7 +52,7 @@ impl Http {
         let mut delay = self.settings.backoff;
         let attempts = self.settings.attempts.max(1);
         for attempt in 1.. {
-            let failure = match build(&self.client).send().await {
+            let failure = match build(self.client()?).send().await {
                 Ok(resp) => {
                     let status = resp.status().as_u16();
                     match read_capped(resp).await {
@@ -175,6 +190,16 @@ fn holds_token(text: &str, subject: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_client_is_built_at_the_first_call_not_before() {
+        // Building it loads every root certificate on the system: a process whose rules
+        // never reach this provider must not pay for that at start.
+        let http = Http::new(HttpSettings::default());
+        assert!(http.client.get().is_none());
+        assert!(http.client().is_ok());
+        assert!(http.client.get().is_some());
+    }
 
     #[test]
     fn a_reason_is_echoed_only_when_it_cannot_be_a_token() {
