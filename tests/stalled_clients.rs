@@ -27,12 +27,23 @@ const BIG: usize = 256 * 1024;
 /// socket's send buffer (about 2.6 MB) and the client's tiny receive buffer.
 const PIPELINED: usize = 32;
 
-/// Serves `/big` (256 KiB), `/huge?mib=N` and `/small` on 127.0.0.1 with `limits`.
+/// How long `/slow` takes to answer.
+const SLOW: Duration = Duration::from_secs(3);
+
+/// Serves `/big` (256 KiB), `/huge` (16 MiB), `/small` and `/slow` (answered after
+/// [`SLOW`]) on 127.0.0.1 with `limits`.
 async fn serve(limits: ConnLimits) -> SocketAddr {
     let app = Router::new()
         .route("/big", get(|| async { vec![b'x'; BIG] }))
         .route("/huge", get(|| async { vec![b'x'; 16 << 20] }))
-        .route("/small", get(|| async { "ok" }));
+        .route("/small", get(|| async { "ok" }))
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(SLOW).await;
+                "slow"
+            }),
+        );
     let bound = Bound::bind(&Listen::Tcp("127.0.0.1:0".parse().unwrap()))
         .await
         .unwrap();
@@ -219,7 +230,14 @@ async fn tls_clients_that_never_read_are_closed_and_free_their_slots() {
     let (acceptor, connector) = tls_pair();
     let app = Router::new()
         .route("/big", get(|| async { vec![b'x'; BIG] }))
-        .route("/small", get(|| async { "ok" }));
+        .route("/small", get(|| async { "ok" }))
+        .route(
+            "/slow",
+            get(|| async {
+                tokio::time::sleep(SLOW).await;
+                "slow"
+            }),
+        );
     let bound = Bound::bind(&Listen::Tcp("127.0.0.1:0".parse().unwrap()))
         .await
         .unwrap();
@@ -277,6 +295,92 @@ async fn tls_clients_that_never_read_are_closed_and_free_their_slots() {
         assert!(
             reset_within(s.get_ref().0, Duration::from_secs(10)).await,
             "stalled TLS client {i} was not reset within 10 s"
+        );
+    }
+}
+
+/// Sends `GET path` on `s` and reads the whole answer (a body of `body`).
+async fn ask(s: &mut TcpStream, path: &str, body: &str) -> Vec<u8> {
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let end = format!("\r\n\r\n{body}");
+    while !answer.ends_with(end.as_bytes()) {
+        let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
+            .await
+            .expect("no answer within 10 s")
+            .unwrap();
+        assert_ne!(n, 0, "closed before answering {path}");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_sent_a_byte_at_a_time_must_still_end_within_the_header_read_timeout() {
+    // Slowloris: every byte is progress, but the head never ends in time.
+    let header_read_timeout = Duration::from_secs(1);
+    let addr = serve(ConnLimits {
+        header_read_timeout,
+        ..ConnLimits::default()
+    })
+    .await;
+    // After one request answered, so the wait that is cut is a keep-alive one.
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    assert!(
+        ask(&mut s, "/small", "ok")
+            .await
+            .starts_with(b"HTTP/1.1 200")
+    );
+    let started = Instant::now();
+    let head = b"GET /small HTTP/1.1\r\nHost: t\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+    let mut closed = false;
+    for byte in head {
+        if s.write_all(&[*byte]).await.is_err() {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if started.elapsed() > Duration::from_secs(5) {
+            break;
+        }
+    }
+    let took = started.elapsed();
+    let rest = read_until_closed(&mut s, Duration::from_secs(5)).await;
+    assert!(
+        closed || rest.is_some(),
+        "a head trickled for {took:?} was still being read"
+    );
+    assert_eq!(rest.unwrap_or(0), 0, "the trickled request was answered");
+    assert!(took < Duration::from_secs(5), "trickled for {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_slower_than_the_header_read_timeout_is_waited_for_and_kept_alive() {
+    // The wait for a head is not the wait for an answer: a request that takes three
+    // header read timeouts (a fetch from a slow upstream) is answered, and the
+    // connection is then kept alive for the next one.
+    let header_read_timeout = Duration::from_secs(1);
+    let addr = serve(ConnLimits {
+        header_read_timeout,
+        ..ConnLimits::default()
+    })
+    .await;
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let started = Instant::now();
+    let answer = ask(&mut s, "/slow", "slow").await;
+    assert!(answer.starts_with(b"HTTP/1.1 200"));
+    assert!(started.elapsed() >= SLOW);
+    // Requests every 0.6 timeouts, for four timeouts in all: never idle for one.
+    for _ in 0..7 {
+        tokio::time::sleep(header_read_timeout * 6 / 10).await;
+        assert!(
+            ask(&mut s, "/small", "ok")
+                .await
+                .starts_with(b"HTTP/1.1 200")
         );
     }
 }

@@ -4,12 +4,12 @@
 //!
 //! A connection holds one of `max_connections` slots until it ends, so none may stay
 //! without progress for ever: its request head must arrive within `header_read_timeout`
-//! (hyper's timer also runs while a keep-alive connection idles between requests, so an
-//! idle connection is closed after it), and an answer that waits unwritten, without a
-//! byte of progress, for `write_timeout` (a client that does not read) gets the
-//! connection closed with a reset (`write_stall.rs`), in plain and TLS alike. A
-//! request waiting on an upstream fetch does no I/O and is bounded by the request
-//! timeout instead.
+//! (the wait also runs while a keep-alive connection idles between requests, so an idle
+//! connection is closed after it), and an answer that waits unwritten, without a byte of
+//! progress, for `write_timeout` (a client that does not read) gets the connection
+//! closed with a reset; one watchdog per connection enforces both (`watchdog.rs`), in
+//! plain and TLS alike. A request waiting on an upstream fetch does no I/O and is
+//! bounded by the request timeout instead.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use super::limits::ConnLimits;
-use super::write_stall::{AbortOnClose, Stall, Watched};
+use super::watchdog::{self, AbortOnClose, Tracked, Watch, Watched};
 use axum::http::Request;
 use axum::response::Response;
 use hyper::body::Incoming;
@@ -209,13 +209,16 @@ where
     let mut listener = listener;
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let connections = Arc::new(Semaphore::new(limits.max_connections));
+    // hyper's own header read timeout is off: it boxed and registered a timer for every
+    // request head; the connection's watchdog enforces the same limit with one timer.
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        .header_read_timeout(None)
         .max_buf_size(limits.max_header_bytes.max(8192));
-    let service = hyper_util::service::TowerToHyperService::new(app);
-    let write_timeout = limits.write_timeout;
+    let watch_limits = watchdog::Limits {
+        header_read: limits.header_read_timeout,
+        write: limits.write_timeout,
+    };
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -231,28 +234,31 @@ where
         };
         // The raw stream is watched, below TLS, so every write (handshake and records
         // included) counts.
-        let stall = Stall::new();
-        let io = Watched::new(io, stall.clone());
+        let watch = Watch::new();
+        let io = Watched::new(io, watch.clone());
+        let service = Tracked::new(app.clone(), watch.clone());
         let Some(tls) = &tls else {
-            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service.clone());
+            let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
             let conn = graceful.watch(conn);
             tokio::spawn(async move {
-                serve_until_stalled(conn, &stall, write_timeout).await;
+                serve_watched(conn, watch, watch_limits).await;
                 drop(permit);
             });
             continue;
         };
         // The handshake runs in the connection's task, so a slow client never holds up
         // accepting others; it gets the header read timeout to finish.
-        let (tls, builder, service) = (tls.clone(), builder.clone(), service.clone());
+        let (tls, builder) = (tls.clone(), builder.clone());
         let watcher = graceful.watcher();
         let handshake_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
             match tokio::time::timeout(handshake_timeout, tls.accept(io)).await {
                 Ok(Ok(stream)) => {
+                    // The handshake had its own timeout: the wait for a head starts now.
+                    watch.restart_wait();
                     let conn =
                         builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-                    serve_until_stalled(watcher.watch(conn), &stall, write_timeout).await;
+                    serve_watched(watcher.watch(conn), watch, watch_limits).await;
                 }
                 // No secret in a handshake error: it says what the client got wrong.
                 Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
@@ -266,21 +272,31 @@ where
     Ok(())
 }
 
-/// Runs one connection until it ends, or until an answer has waited unwritten for
-/// `write_timeout`; the connection is then dropped, which closes its socket with a reset.
-async fn serve_until_stalled<E: std::fmt::Display>(
+/// Runs one connection until it ends, or until its watchdog gives up on it (no request
+/// head within the header read timeout, or an answer waiting unwritten for the write
+/// timeout); the connection is then dropped, which closes its socket (with a reset after
+/// a write stall). The watchdog is polled after the connection on every wake-up, so it
+/// sees what the connection just did.
+async fn serve_watched<E: std::fmt::Display>(
     conn: impl std::future::Future<Output = Result<(), E>>,
-    stall: &Stall,
-    write_timeout: std::time::Duration,
+    watch: Arc<Watch>,
+    limits: watchdog::Limits,
 ) {
     tokio::select! {
+        biased;
         ended = conn => if let Err(e) = ended {
             tracing::debug!(error = %e, "Connection ended with an error");
         },
-        () = stall.lasted(write_timeout) => tracing::debug!(
-            ?write_timeout,
-            "Connection closed: its answer waited unread for the write timeout"
-        ),
+        why = watch.expired(limits) => match why {
+            watchdog::Expired::HeaderRead => tracing::debug!(
+                header_read_timeout = ?limits.header_read,
+                "Connection closed: no request head within the header read timeout"
+            ),
+            watchdog::Expired::Write => tracing::debug!(
+                write_timeout = ?limits.write,
+                "Connection closed: its answer waited unread for the write timeout"
+            ),
+        },
     }
 }
 

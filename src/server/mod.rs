@@ -27,13 +27,14 @@ use regbroker_provider::{ExposeSecret, Registry, SecretString};
 use std::time::Duration;
 
 pub mod access;
+mod answer;
 mod error;
 mod front;
 pub mod limits;
 pub mod listen;
 mod providers;
 pub mod tls;
-mod write_stall;
+mod watchdog;
 
 pub use error::AppError;
 pub use front::{App, AppFuture};
@@ -200,31 +201,22 @@ async fn credentials(State(state): State<AppState>, uri: Uri) -> Result<Response
         .expires_at()
         .filter(|t| *t > state.broker.now())
         .map(crate::rfc3339);
-    let mut res = axum::Json(CredentialBody {
+    let body = answer::CredentialBody {
         expires_at: expires.as_deref(),
         password: served.credential.secret().expose_secret(),
         provider: served.source,
         registry: served.registry.as_str(),
         username: served.credential.username(),
-    })
-    .into_response();
-    res.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    .to_bytes();
+    let mut res = Response::new(axum::body::Body::from(body));
+    let headers = res.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(res)
-}
-
-/// The 200 answer of `/v1/credentials`, serialised straight from borrowed fields (a
-/// `serde_json::Value` made a second, unzeroised copy of the secret and a map per
-/// request). Fields in the order earlier releases printed them (alphabetical);
-/// `expiresAt` is `null` for a credential without a known expiry.
-#[derive(serde::Serialize)]
-struct CredentialBody<'a> {
-    #[serde(rename = "expiresAt")]
-    expires_at: Option<&'a str>,
-    password: &'a str,
-    provider: &'a str,
-    registry: &'a str,
-    username: &'a str,
 }
 
 async fn healthz() -> &'static str {
