@@ -174,9 +174,7 @@ fn registry_param(query: Option<&str>) -> Result<Registry, AppError> {
             "query string longer than {MAX_QUERY_LEN} bytes"
         )));
     }
-    let mut values = form_urlencoded::parse(query.as_bytes())
-        .filter(|(k, _)| k == "registry")
-        .map(|(_, v)| v);
+    let mut values = query_values(query, "registry");
     let raw = match (values.next(), values.next()) {
         (Some(v), None) => v,
         (None, _) => return Err(AppError::bad_request("missing query parameter `registry`")),
@@ -191,6 +189,36 @@ fn registry_param(query: Option<&str>) -> Result<Registry, AppError> {
         code: "invalid_registry",
         message: e.to_string(),
     })
+}
+
+/// The values of `name` in a query string, decoded as `application/x-www-form-urlencoded`.
+/// A query with no `%` and no `+` decodes to itself, so it is split where it lies
+/// (`form_urlencoded` would check every byte of every key and value once more).
+fn query_values<'q>(
+    query: &'q str,
+    name: &'q str,
+) -> impl Iterator<Item = std::borrow::Cow<'q, str>> + 'q {
+    let plain = !query.bytes().any(|b| b == b'%' || b == b'+');
+    let split = plain
+        .then(|| {
+            query
+                .split('&')
+                .filter(|pair| !pair.is_empty())
+                .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+                .filter(move |(k, _)| *k == name)
+                .map(|(_, v)| std::borrow::Cow::Borrowed(v))
+        })
+        .into_iter()
+        .flatten();
+    let decoded = (!plain)
+        .then(|| {
+            form_urlencoded::parse(query.as_bytes())
+                .filter(move |(k, _)| k == name)
+                .map(|(_, v)| v)
+        })
+        .into_iter()
+        .flatten();
+    split.chain(decoded)
 }
 
 async fn credentials(State(state): State<AppState>, uri: Uri) -> Result<Response, AppError> {
@@ -325,5 +353,40 @@ async fn not_found() -> AppError {
         status: StatusCode::NOT_FOUND,
         code: "not_found",
         message: "no such endpoint; try GET /v1/credentials?registry=HOST".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_query_is_split_as_form_urlencoded_decodes_it() {
+        let queries = [
+            "",
+            "registry=gcr.io",
+            "registry=gcr.io&registry=ghcr.io",
+            "a=1&&registry=gcr.io&",
+            "registry",
+            "registry=",
+            "registry=a=b",
+            "=gcr.io&registry=x",
+            "registryx=1&xregistry=2&registry=3",
+            "registry=gcr.io%3A443",
+            "registry=a+b",
+            "reg%69stry=gcr.io",
+            "registry=%zz",
+            "registry=caf\u{e9}.example",
+        ];
+        for q in queries {
+            let ours: Vec<String> = query_values(q, "registry")
+                .map(|v| v.into_owned())
+                .collect();
+            let reference: Vec<String> = form_urlencoded::parse(q.as_bytes())
+                .filter(|(k, _)| k == "registry")
+                .map(|(_, v)| v.into_owned())
+                .collect();
+            assert_eq!(ours, reference, "{q:?}");
+        }
     }
 }

@@ -211,11 +211,12 @@ impl Registry {
         if input.len() > MAX_INPUT_LEN {
             return Err(ParseError::TooLong);
         }
-        if input.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        if has_whitespace_or_control(input) {
             return Err(ParseError::WhitespaceOrControl);
         }
 
-        let (rest, had_scheme) = match input.find("://") {
+        let scheme_end = input.as_bytes().windows(3).position(|w| w == b"://");
+        let (rest, had_scheme) = match scheme_end {
             Some(i) => {
                 let scheme = &input[..i];
                 if !["https", "http", "oci"]
@@ -233,7 +234,12 @@ impl Registry {
         };
 
         // The authority ends at the first '/' (a path), '?' or '#'.
-        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        // Bytes, not chars: the three are ASCII, so their index is a char boundary (a
+        // search for a set of chars costs more than the rest of the parse).
+        let end = rest
+            .bytes()
+            .position(|b| matches!(b, b'/' | b'?' | b'#'))
+            .unwrap_or(rest.len());
         let authority = &rest[..end];
         let has_path = end < rest.len();
         if authority.contains('@') {
@@ -685,6 +691,16 @@ fn normalise_host(host: &str) -> Result<String, ParseError> {
     Ok(host)
 }
 
+/// Whether `input` holds whitespace or a control character. Every request's registry
+/// passes here: an ASCII input (nearly all) is checked a byte at a time, where each such
+/// character is at most a space or DEL; any other is decoded and checked in full.
+fn has_whitespace_or_control(input: &str) -> bool {
+    if input.is_ascii() {
+        return input.bytes().any(|b| b <= b' ' || b == 0x7f);
+    }
+    input.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -694,6 +710,31 @@ mod tests {
             Ok(r) => r.to_string(),
             Err(e) => panic!("{input:?} should parse: {e}"),
         }
+    }
+
+    #[test]
+    fn the_ascii_check_refuses_exactly_what_the_unicode_rule_refuses() {
+        let rule = |s: &str| s.chars().any(|c| c.is_whitespace() || c.is_control());
+        for b in 0u8..0x80 {
+            let c = char::from(b);
+            for s in [
+                c.to_string(),
+                format!("gcr.io{c}x"),
+                format!("{c}{}", "a".repeat(40)),
+            ] {
+                assert_eq!(has_whitespace_or_control(&s), rule(&s), "{b:#04x}");
+            }
+        }
+        // Past ASCII: no-break space, em space, next line (a C1 control), a line separator;
+        // and characters that are neither.
+        for c in [
+            '\u{a0}', '\u{2003}', '\u{85}', '\u{2028}', '\u{9f}', 'é', '✓',
+        ] {
+            let s = format!("gcr.io{c}");
+            assert_eq!(has_whitespace_or_control(&s), rule(&s), "{c:?}");
+        }
+        assert!(has_whitespace_or_control("gcr.io\u{a0}"));
+        assert!(!has_whitespace_or_control("bücher.example"));
     }
 
     #[test]

@@ -71,13 +71,19 @@ pub(crate) fn classify(registry: &Registry) -> Option<HostKind> {
     if registry.port().is_some() {
         return None;
     }
-    let labels: Vec<&str> = registry.labels().collect();
+    // At most three labels, kept on the stack: auto-detection asks about every host.
     // Registry::parse already guarantees lower-case LDH labels of 1-63 characters; check
     // again here so this function is safe on its own.
-    if !labels.iter().all(|l| is_dns_label(l)) {
-        return None;
+    let mut labels = [""; 3];
+    let mut n = 0;
+    for label in registry.labels() {
+        if n == labels.len() || !is_dns_label(label) {
+            return None;
+        }
+        labels[n] = label;
+        n += 1;
     }
-    match labels.as_slice() {
+    match &labels[..n] {
         ["gcr", "io"] => Some(HostKind::ContainerRegistry),
         [_, "gcr", "io"] => Some(HostKind::ContainerRegistry),
         [first, "pkg", "dev"] => {

@@ -68,11 +68,19 @@ pub const CACHE_SCOPE: &str = "application-default";
 /// `@<universe>` after it in any other, so neither two universes nor two identities
 /// (two key files sharing one disk cache) ever share a cached token.
 pub fn cache_scope(universe: &str, fingerprint: &str) -> String {
-    if universe == universe::DEFAULT_UNIVERSE {
-        format!("{CACHE_SCOPE}:{fingerprint}")
-    } else {
-        format!("{CACHE_SCOPE}:{fingerprint}@{universe}")
+    // Pushed, not format!ted: every request a gcp host makes builds its scope.
+    let other = universe != universe::DEFAULT_UNIVERSE;
+    let mut scope = String::with_capacity(
+        CACHE_SCOPE.len() + 1 + fingerprint.len() + if other { 1 + universe.len() } else { 0 },
+    );
+    scope.push_str(CACHE_SCOPE);
+    scope.push(':');
+    scope.push_str(fingerprint);
+    if other {
+        scope.push('@');
+        scope.push_str(universe);
     }
+    scope
 }
 
 /// Rule options this provider accepts: `universe_domain`, the universe of a host the
@@ -388,6 +396,22 @@ mod tests {
         assert_eq!(custom.scope(), s3ns.scope());
         o.insert("universe_domain".into(), "not a domain".into());
         assert!(p.check_options(&o).is_err());
+    }
+
+    #[test]
+    fn the_cache_scope_names_the_identity_and_any_universe_but_google_s() {
+        assert_eq!(
+            cache_scope(universe::DEFAULT_UNIVERSE, "sa@p.iam"),
+            "application-default:sa@p.iam"
+        );
+        assert_eq!(
+            cache_scope("s3nsapis.fr", "sa@p.iam"),
+            "application-default:sa@p.iam@s3nsapis.fr"
+        );
+        assert_eq!(
+            cache_scope("s3nsapis.fr", ""),
+            "application-default:@s3nsapis.fr"
+        );
     }
 
     #[test]
