@@ -119,21 +119,7 @@ async fn an_idle_keep_alive_connection_is_closed_after_the_header_read_timeout()
     })
     .await;
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /small HTTP/1.1\r\nHost: t\r\n\r\n")
-        .await
-        .unwrap();
-    // The whole answer: a head and the 2-byte body "ok".
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 1024];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !answer.ends_with(b"\r\n\r\nok") {
-        let n = tokio::time::timeout_at(deadline, s.read(&mut buf))
-            .await
-            .expect("no answer within 5 s")
-            .unwrap();
-        assert_ne!(n, 0, "closed before answering");
-        answer.extend_from_slice(&buf[..n]);
-    }
+    let answer = ask(&mut s, "/small", "ok").await;
     assert!(answer.starts_with(b"HTTP/1.1 200"));
     let answered = Instant::now();
 
