@@ -433,6 +433,66 @@ mod tests {
         assert!(checker.client.get().is_some());
     }
 
+    /// Serves `router` on a loopback port; its address.
+    async fn serve(router: axum::Router) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        addr
+    }
+
+    #[tokio::test]
+    async fn a_redirect_is_a_verdict_of_its_own_and_never_followed() {
+        use axum::http::{StatusCode, header};
+        use axum::response::IntoResponse;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        // Where the registry sends the client once it has the credential: it would
+        // accept anything, and counts who came.
+        let followed = Arc::new(AtomicUsize::new(0));
+        let elsewhere = serve(axum::Router::new().fallback({
+            let followed = followed.clone();
+            move || async move {
+                followed.fetch_add(1, Ordering::SeqCst);
+                StatusCode::OK
+            }
+        }))
+        .await;
+        let registry = serve(axum::Router::new().route(
+            "/v2/",
+            axum::routing::get(move |headers: axum::http::HeaderMap| async move {
+                if headers.contains_key(header::AUTHORIZATION) {
+                    (
+                        StatusCode::TEMPORARY_REDIRECT,
+                        [(header::LOCATION, format!("http://{elsewhere}/v2/"))],
+                    )
+                        .into_response()
+                } else {
+                    (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Basic realm=\"r\"".to_string())],
+                    )
+                        .into_response()
+                }
+            }),
+        ))
+        .await;
+        let credential = Credential::new("u", "p", None);
+        let verdict = Checker::new()
+            .check(&reg(&registry.to_string()), &credential, &Policy::default())
+            .await;
+        assert_eq!(
+            verdict,
+            Verdict::Skipped("the registry answered 307".into()),
+            "a 307 is neither an acceptance nor a refusal"
+        );
+        assert_eq!(
+            followed.load(Ordering::SeqCst),
+            0,
+            "the redirect was followed"
+        );
+    }
+
     #[test]
     fn challenges_are_parsed_as_registries_send_them() {
         let c = parse_challenge(
