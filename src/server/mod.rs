@@ -191,6 +191,11 @@ fn registry_param(query: Option<&str>) -> Result<Registry, AppError> {
     })
 }
 
+/// Whether decoding can change `query`: it holds a `%` (an escape) or a `+` (a space).
+fn needs_decoding(query: &str) -> bool {
+    query.bytes().any(|b| b == b'%' || b == b'+')
+}
+
 /// The values of `name` in a query string, decoded as `application/x-www-form-urlencoded`.
 /// A query with no `%` and no `+` decodes to itself, so it is split where it lies
 /// (`form_urlencoded` would check every byte of every key and value once more).
@@ -198,7 +203,7 @@ fn query_values<'q>(
     query: &'q str,
     name: &'q str,
 ) -> impl Iterator<Item = std::borrow::Cow<'q, str>> + 'q {
-    let plain = !query.bytes().any(|b| b == b'%' || b == b'+');
+    let plain = !needs_decoding(query);
     let split = plain
         .then(|| {
             query
@@ -359,6 +364,22 @@ async fn not_found() -> AppError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_percent_or_a_plus_needs_decoding() {
+        for q in ["", "registry=gcr.io", "registry=gcr.io:5000&x=a/b?c#d=e"] {
+            assert!(!needs_decoding(q), "{q:?}");
+        }
+        for q in [
+            "%",
+            "+",
+            "registry=gcr.io%3A443",
+            "registry=a+b",
+            "x=+&registry=gcr.io",
+        ] {
+            assert!(needs_decoding(q), "{q:?}");
+        }
+    }
 
     #[test]
     fn a_plain_query_is_split_as_form_urlencoded_decodes_it() {

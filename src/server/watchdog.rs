@@ -166,8 +166,8 @@ impl Watch {
     /// connection busy with request after request never touches it.
     pub(super) fn expired(self: Arc<Watch>, limits: Limits) -> impl Future<Output = Expired> {
         let idle_check = limits.write.min(limits.header_read);
-        let first = self.base + limits.header_read;
-        let mut sleep = Box::pin(tokio::time::sleep_until(first));
+        // Set for the accept: its first poll fires it and sets it for what is due.
+        let mut sleep = Box::pin(tokio::time::sleep_until(self.base));
         std::future::poll_fn(move |cx| {
             loop {
                 let (stall, head) = self.deadlines(limits);
