@@ -338,7 +338,7 @@ figures=$work/figures.md
   echo "| --- | --- | --- |"
   echo "| 1,000 concurrent requests, one cold key | 1 | (target: exactly 1) |"
   echo "| 1,000 concurrent requests, distinct keys, \`max_concurrent_fetches = 8\` / default 32 | at most 8 / 32 in flight (reached, never passed) | (target: within the bound) |"
-  echo "| simulated day, one request a minute, 12 h tokens, per identity and region | 3 | 24 with a 1 h cap (the in-process Flux cache) |"
+  echo "| simulated day, one request a minute, 12 h tokens, per identity and region (refresh jitter on) | 3 | 24 with a 1 h cap (the in-process Flux cache; jitter off) |"
   echo
   echo "### 4. \`docker-credential-regbroker get\` vs \`docker-credential-ecr-login get\` (warm caches)"
   echo
