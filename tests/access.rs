@@ -48,6 +48,13 @@ async fn bearer_token_guards_credentials_but_not_probes() {
         "a prefix is not the token"
     );
     assert_eq!(get(&url, Some(TOKEN)).await, 200);
+    // A repeated request is answered from the answer kept for it: still behind the token.
+    assert_eq!(get(&url, Some(TOKEN)).await, 200);
+    assert_eq!(
+        get(&url, None).await,
+        401,
+        "a kept answer skipped the token"
+    );
     assert_eq!(
         get(&format!("http://{}/healthz", srv.addr), None).await,
         200

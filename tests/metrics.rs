@@ -15,6 +15,48 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
 
+/// A repeated request is answered from the answer kept for it (broker::memo), and
+/// counted exactly as the first decided one was.
+#[tokio::test]
+async fn repeated_requests_are_counted_as_hits_and_served_as_the_first_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.json");
+    std::fs::write(&path, docker_config(&[("static.example.com", "u", "p")])).unwrap();
+    let srv = TestServer::builder().docker_config(&path).start().await;
+    for _ in 0..4 {
+        assert_eq!(srv.credentials("a.fake.test").await.0, 200);
+        assert_eq!(srv.credentials("static.example.com").await.0, 200);
+    }
+    assert_eq!(srv.fake.calls(), 1);
+    assert_eq!(
+        srv.broker.cache().memo().len(),
+        2,
+        "the answers were not kept"
+    );
+    let (_, text) = srv.get("/metrics").await;
+    let value = |series: &str| sample(&text, series).unwrap_or(0.0);
+    assert_eq!(
+        value(r#"regbroker_cache_lookups_total{result="miss"}"#),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(r#"regbroker_cache_lookups_total{result="hit"}"#),
+        3.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(r#"regbroker_credentials_served_total{source="fake"}"#),
+        4.0,
+        "{text}"
+    );
+    assert_eq!(
+        value(r#"regbroker_credentials_served_total{source="static"}"#),
+        4.0,
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn a_stale_served_lookup_is_counted_as_stale_not_as_a_hit() {
     // A failure pause of at least 30 min, so the request after the failed refresh is

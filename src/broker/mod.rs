@@ -26,6 +26,7 @@ use regbroker_provider::{
 pub mod cache;
 pub mod check;
 pub mod config;
+pub mod memo;
 pub mod providers;
 pub mod routing;
 pub mod static_secret;
@@ -176,11 +177,13 @@ impl Broker {
         metrics: Arc<Metrics>,
         clock: SharedClock,
     ) -> Broker {
+        let cache = Cache::new(cache_config, clock.clone()).with_metrics(metrics.clone());
+        statics.forget_on_reload(cache.memo());
         Broker {
             statics,
             router,
             providers,
-            cache: Cache::new(cache_config, clock.clone()).with_metrics(metrics.clone()),
+            cache,
             checks: check::Checks::default(),
             metrics,
             clock,
@@ -370,6 +373,53 @@ impl Broker {
                 "no credentials for {registry}: no static entry, no rule, and no provider recognises it"
             )),
         }
+    }
+
+    /// The answer kept for `request` by [`Broker::keep_answer`], if it is still what
+    /// [`Broker::credential`] would answer (counted and logged as that would be); else a
+    /// [`memo::Miss`] to keep the answer decided now.
+    pub fn kept_answer(&self, request: &str) -> Result<bytes::Bytes, memo::Miss> {
+        self.cache.memo().kept(
+            request,
+            || self.clock.now(),
+            |kept| {
+                if kept.cached {
+                    self.metrics.cache_lookup(cache::Outcome::Hit.as_str());
+                    tracing::debug!(registry = %kept.registry, source = kept.source, cache = "hit", "Serving credential");
+                } else {
+                    tracing::debug!(registry = %kept.registry, source = kept.source, "Serving credential");
+                }
+                self.metrics.credential_served(kept.source);
+            },
+        )
+    }
+
+    /// Keeps `body`, the answer to `request` made from `served`, until `served` stops
+    /// being [`Broker::credential`]'s answer (see [`memo`]).
+    pub fn keep_answer(
+        &self,
+        request: &str,
+        miss: memo::Miss,
+        served: &Served,
+        body: bytes::Bytes,
+    ) {
+        let until = [
+            served.lifetime.map(|l| l.refresh_at),
+            served.credential.expires_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let answer = memo::Answer {
+            body,
+            registry: served.registry.clone(),
+            source: served.source,
+            cached: served.key.is_some(),
+            until,
+        };
+        self.cache
+            .memo()
+            .keep(request, miss, answer, self.clock.now());
     }
 
     /// The credential for `registry`, at once if a servable one is cached (a refresh

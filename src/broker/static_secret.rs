@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -26,6 +26,7 @@ use base64::Engine as _;
 use regbroker_provider::{Credential, IDENTITY_TOKEN_USERNAME, Registry, SecretString};
 use serde_json::Value;
 
+use super::memo::Memo;
 use crate::metrics::Metrics;
 
 /// Largest document accepted; a docker config is a few KiB.
@@ -315,6 +316,8 @@ pub struct Store {
     paths: Vec<PathBuf>,
     current: ArcSwap<Snapshot>,
     metrics: Arc<Metrics>,
+    /// Answers made from a snapshot, forgotten when it is replaced.
+    memos: Mutex<Vec<Weak<Memo>>>,
 }
 
 impl Store {
@@ -326,6 +329,7 @@ impl Store {
             paths,
             current: ArcSwap::from_pointee(snapshot),
             metrics,
+            memos: Mutex::default(),
         })
     }
 
@@ -335,6 +339,7 @@ impl Store {
             paths: Vec::new(),
             current: ArcSwap::from_pointee(Snapshot::default()),
             metrics,
+            memos: Mutex::default(),
         }
     }
 
@@ -343,12 +348,26 @@ impl Store {
         self.current.load_full()
     }
 
+    /// Has every reload forget the answers `memo` keeps (they may be made from an entry
+    /// the reload changes or drops).
+    pub fn forget_on_reload(&self, memo: &Arc<Memo>) {
+        let mut memos = self.memos.lock().unwrap_or_else(PoisonError::into_inner);
+        memos.retain(|m| m.strong_count() > 0);
+        memos.push(Arc::downgrade(memo));
+    }
+
     /// Reloads every source; on failure keeps the last good snapshot.
     pub fn reload(&self) -> Result<(), LoadError> {
         match load(&self.paths) {
             Ok(snapshot) => {
                 let n = snapshot.len();
                 self.current.store(Arc::new(snapshot));
+                let memos = self.memos.lock().unwrap_or_else(PoisonError::into_inner);
+                memos
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .for_each(|m| m.changed());
+                drop(memos);
                 self.metrics.static_entries.set(n as i64);
                 self.metrics.static_reload("ok");
                 tracing::info!(entries = n, "Reloaded static credentials");

@@ -138,7 +138,7 @@ pub fn probe_app(state: AppState) -> App {
 /// it). A static entry cannot be fetched anew (`409`); a registry nothing serves is
 /// `404` and a malformed one `400`, as for `GET`.
 async fn refused(State(state): State<AppState>, uri: Uri) -> Result<Response, AppError> {
-    let registry = registry_param(uri.query())?;
+    let registry = registry_param(uri.query().unwrap_or_default())?;
     match state.broker.report_refused(&registry).await? {
         crate::broker::Reported::Forgotten => Ok(StatusCode::NO_CONTENT.into_response()),
         crate::broker::Reported::TooSoon(wait) => {
@@ -167,8 +167,7 @@ async fn refused(State(state): State<AppState>, uri: Uri) -> Result<Response, Ap
 
 /// The one `registry` query parameter of `/v1/credentials`, parsed. The query is read
 /// where it lies: a value is copied only when it is percent-encoded.
-fn registry_param(query: Option<&str>) -> Result<Registry, AppError> {
-    let query = query.unwrap_or_default();
+fn registry_param(query: &str) -> Result<Registry, AppError> {
     if query.len() > MAX_QUERY_LEN {
         return Err(AppError::bad_request(format!(
             "query string longer than {MAX_QUERY_LEN} bytes"
@@ -227,7 +226,12 @@ fn query_values<'q>(
 }
 
 async fn credentials(State(state): State<AppState>, uri: Uri) -> Result<Response, AppError> {
-    let registry = registry_param(uri.query())?;
+    let query = uri.query().unwrap_or_default();
+    let miss = match state.broker.kept_answer(query) {
+        Ok(body) => return Ok(credential_answer(body)),
+        Err(miss) => miss,
+    };
+    let registry = registry_param(query)?;
     let served = state.broker.credential(&registry).await?;
     let expires = served
         .credential
@@ -242,6 +246,12 @@ async fn credentials(State(state): State<AppState>, uri: Uri) -> Result<Response
         username: served.credential.username(),
     }
     .to_bytes();
+    state.broker.keep_answer(query, miss, &served, body.clone());
+    Ok(credential_answer(body))
+}
+
+/// The `200` answer with a credential: `no-store`, so no proxy or client cache keeps it.
+fn credential_answer(body: bytes::Bytes) -> Response {
     let mut res = Response::new(axum::body::Body::from(body));
     let headers = res.headers_mut();
     headers.insert(
@@ -249,7 +259,7 @@ async fn credentials(State(state): State<AppState>, uri: Uri) -> Result<Response
         HeaderValue::from_static("application/json"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    Ok(res)
+    res
 }
 
 async fn healthz() -> &'static str {

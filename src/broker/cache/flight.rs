@@ -210,6 +210,7 @@ impl Cache {
                         lifetime,
                     });
                     this.entries.insert(key.clone(), entry.clone()).await;
+                    this.memo.changed();
                     this.failures.invalidate(&key).await;
                     // A pass-through credential is a ServiceAccount token: it never
                     // reaches a disk cache (it is fetched again, cheaply, from the token).

@@ -36,6 +36,7 @@ use moka::Expiry;
 use regbroker_provider::{Credential, Error, SharedClock};
 use tokio::sync::Semaphore;
 
+use super::memo::Memo;
 use crate::metrics::Metrics;
 
 mod flight;
@@ -147,6 +148,8 @@ pub struct Cache {
     clock: SharedClock,
     persist: Option<Arc<dyn Persist>>,
     metrics: Option<Arc<Metrics>>,
+    /// Answers made from the entries: forgotten whenever an entry comes or goes.
+    memo: Arc<Memo>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -195,10 +198,19 @@ impl Expiry<Key, Arc<Entry>> for EvictWhenStale {
 impl Cache {
     /// A cache with `config` (already validated) reading time from `clock`.
     pub fn new(config: Config, clock: SharedClock) -> Cache {
+        let memo = Arc::new(Memo::default());
+        let evicted = memo.clone();
         let entries = moka::future::Cache::builder()
             .max_capacity(config.capacity)
             .expire_after(EvictWhenStale {
                 clock: clock.clone(),
+            })
+            // Replacing and dropping an entry are this file's own calls, which tell the
+            // memo themselves; moka evicts on its own (size, staleness).
+            .eviction_listener(move |_, _, cause| {
+                if cause.was_evicted() {
+                    evicted.changed();
+                }
             })
             .build();
         let failures = moka::future::Cache::builder()
@@ -216,6 +228,7 @@ impl Cache {
             clock,
             persist: None,
             metrics: None,
+            memo,
         }
     }
 
@@ -236,6 +249,11 @@ impl Cache {
         &self.config
     }
 
+    /// The answers kept ready from this cache's entries.
+    pub fn memo(&self) -> &Arc<Memo> {
+        &self.memo
+    }
+
     async fn lookup(&self, key: &Key) -> Option<Arc<Entry>> {
         if let Some(e) = self.entries.get(key).await {
             return Some(e);
@@ -246,6 +264,7 @@ impl Cache {
             return None;
         }
         self.entries.insert(key.clone(), entry.clone()).await;
+        self.memo.changed();
         Some(entry)
     }
 
@@ -336,6 +355,7 @@ impl Cache {
         match self.entries.get(key).await {
             Some(e) if e.lifetime == lifetime => {
                 self.entries.invalidate(key).await;
+                self.memo.changed();
                 true
             }
             _ => false,
@@ -346,6 +366,7 @@ impl Cache {
     /// refused).
     pub async fn forget(&self, key: &Key) {
         self.entries.invalidate(key).await;
+        self.memo.changed();
         if let Some(p) = &self.persist {
             p.forget(key);
         }
@@ -937,6 +958,74 @@ mod tests {
                 .unwrap();
             assert_eq!((secret(&c).as_str(), outcome), ("two", Outcome::Hit));
             assert_eq!(calls.load(Ordering::SeqCst), 2, "one upstream call per key");
+        }
+
+        /// Keeps an answer for request `r` in `cache`'s memo, as the server does after a
+        /// request it decided.
+        fn keep_one(cache: &Cache, now: SystemTime) {
+            let memo = cache.memo();
+            let miss = memo.kept("r", || now, |_| {}).unwrap_err();
+            let answer = crate::broker::memo::Answer {
+                body: bytes::Bytes::from_static(b"{}"),
+                registry: regbroker_provider::Registry::parse("r.example.com").unwrap(),
+                source: "fake",
+                cached: true,
+                until: None,
+            };
+            memo.keep("r", miss, answer, now);
+            assert_eq!(memo.len(), 1, "the answer was not kept");
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn every_entry_that_comes_or_goes_forgets_the_kept_answers() {
+            let (cache, clock) = cache(Config {
+                capacity: 1,
+                ..Config::default()
+            });
+            let now = || regbroker_provider::Clock::now(&clock);
+            let calls = Arc::new(AtomicUsize::new(0));
+            let fetch = |secret| answer(&clock, &calls, secret, Some(Duration::ZERO));
+            let (a, b) = (key("a"), key("b"));
+
+            keep_one(&cache, now());
+            cache
+                .get_or_fetch(&a, Need::Servable, fetch("a"))
+                .await
+                .unwrap();
+            assert!(cache.memo().is_empty(), "a credential cached");
+
+            keep_one(&cache, now());
+            let (entry, _) = cache
+                .get_or_fetch(&a, Need::Refetch, fetch("a2"))
+                .await
+                .unwrap();
+            assert!(cache.memo().is_empty(), "a credential replaced");
+
+            keep_one(&cache, now());
+            assert!(cache.forget_if(&a, entry.lifetime).await);
+            assert!(cache.memo().is_empty(), "a refused credential dropped");
+
+            cache
+                .get_or_fetch(&a, Need::Servable, fetch("a3"))
+                .await
+                .unwrap();
+            keep_one(&cache, now());
+            cache.forget(&a).await;
+            assert!(cache.memo().is_empty(), "a reported credential dropped");
+
+            // Over capacity, moka evicts on its own.
+            cache
+                .get_or_fetch(&a, Need::Servable, fetch("a4"))
+                .await
+                .unwrap();
+            cache
+                .get_or_fetch(&b, Need::Servable, fetch("b"))
+                .await
+                .unwrap();
+            keep_one(&cache, now());
+            cache.entries.run_pending_tasks().await;
+            assert_eq!(cache.len(), 1);
+            assert!(cache.memo().is_empty(), "a credential evicted");
         }
 
         #[tokio::test(start_paused = true)]
