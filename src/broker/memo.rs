@@ -32,8 +32,8 @@ use regbroker_provider::Registry;
 /// Most answers kept.
 pub const SLOTS: usize = 32;
 
-/// One kept answer.
-#[derive(Clone, Debug)]
+/// One kept answer. Its Debug form leaves the body out (it holds the secret).
+#[derive(Clone)]
 pub struct Answer {
     /// The answer's body.
     pub body: Bytes,
@@ -45,6 +45,21 @@ pub struct Answer {
     pub cached: bool,
     /// From this instant on it is not the broker's answer; `None`: until a change.
     pub until: Option<SystemTime>,
+}
+
+impl std::fmt::Debug for Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Answer")
+            .field(
+                "body",
+                &format_args!("[REDACTED; {} bytes]", self.body.len()),
+            )
+            .field("registry", &self.registry)
+            .field("source", &self.source)
+            .field("cached", &self.cached)
+            .field("until", &self.until)
+            .finish()
+    }
 }
 
 #[derive(Debug)]
@@ -237,6 +252,16 @@ mod tests {
         memo.keep("c", miss, answer("C", None), at(12));
         assert_eq!(memo.len(), 2, "an answer past its end stayed kept");
         assert!(body(&memo, "b", at(12)).is_none());
+    }
+
+    #[test]
+    fn debug_output_never_shows_a_kept_body() {
+        let memo = Memo::default();
+        let miss = memo.kept("a", || at(0), |_| {}).unwrap_err();
+        memo.keep("a", miss, answer("{\"password\":\"s3cret\"}", None), at(0));
+        let shown = format!("{memo:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("[REDACTED; 21 bytes]"), "{shown}");
     }
 
     #[test]

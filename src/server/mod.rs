@@ -96,7 +96,7 @@ pub fn app_with(state: AppState, options: Options) -> App {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state.clone());
+        .with_state(Arc::new(state.clone()));
     App::new(
         router,
         Front {
@@ -121,7 +121,7 @@ pub fn probe_app(state: AppState) -> App {
         .route("/metrics", get(metrics))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state.clone());
+        .with_state(Arc::new(state.clone()));
     App::new(
         router,
         Front {
@@ -137,7 +137,7 @@ pub fn probe_app(state: AppState) -> App {
 /// at most once per `refetch_interval` per credential (`429` with `Retry-After` within
 /// it). A static entry cannot be fetched anew (`409`); a registry nothing serves is
 /// `404` and a malformed one `400`, as for `GET`.
-async fn refused(State(state): State<AppState>, uri: Uri) -> Result<Response, AppError> {
+async fn refused(State(state): State<Arc<AppState>>, uri: Uri) -> Result<Response, AppError> {
     let registry = registry_param(uri.query().unwrap_or_default())?;
     match state.broker.report_refused(&registry).await? {
         crate::broker::Reported::Forgotten => Ok(StatusCode::NO_CONTENT.into_response()),
@@ -225,8 +225,11 @@ fn query_values<'q>(
     split.chain(decoded)
 }
 
-async fn credentials(State(state): State<AppState>, uri: Uri) -> Result<Response, AppError> {
-    let query = uri.query().unwrap_or_default();
+async fn credentials(
+    State(state): State<Arc<AppState>>,
+    request: axum::extract::Request,
+) -> Result<Response, AppError> {
+    let query = request.uri().query().unwrap_or_default();
     let miss = match state.broker.kept_answer(query) {
         Ok(body) => return Ok(credential_answer(body)),
         Err(miss) => miss,
@@ -273,7 +276,7 @@ async fn healthz() -> &'static str {
 /// that does not gate readiness is still listed, with `[-]` when it is not written.
 /// Reasons are codes and counts, never a message or a secret (the probe port has no
 /// token).
-async fn readyz(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+async fn readyz(State(state): State<Arc<AppState>>, RawQuery(query): RawQuery) -> Response {
     let verbose = query.as_deref().is_some_and(|q| {
         q.split('&')
             .any(|p| p == "verbose" || p.starts_with("verbose="))
@@ -323,7 +326,7 @@ async fn readyz(State(state): State<AppState>, RawQuery(query): RawQuery) -> Res
 
 /// OpenMetrics for a client that accepts it (Prometheus does), else the Prometheus text
 /// format, as Prometheus' own client libraries negotiate.
-async fn metrics(State(state): State<AppState>, headers: axum::http::HeaderMap) -> Response {
+async fn metrics(State(state): State<Arc<AppState>>, headers: axum::http::HeaderMap) -> Response {
     let openmetrics = headers
         .get_all(header::ACCEPT)
         .iter()

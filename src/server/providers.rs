@@ -76,7 +76,7 @@ struct Registries {
     auto_detected: Vec<String>,
 }
 
-pub(super) async fn providers(State(state): State<AppState>) -> Response {
+pub(super) async fn providers(State(state): State<std::sync::Arc<AppState>>) -> Response {
     let providers = state
         .broker
         .provider_statuses()
