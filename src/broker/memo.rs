@@ -255,6 +255,22 @@ mod tests {
     }
 
     #[test]
+    fn keeping_another_answer_at_the_instant_one_ends_drops_it() {
+        let memo = Memo::default();
+        let miss = memo.kept("a", || at(0), |_| {}).unwrap_err();
+        memo.keep("a", miss, answer("A", Some(at(10))), at(0));
+        assert!(!memo.is_empty());
+        let miss = memo.kept("b", || at(10), |_| {}).unwrap_err();
+        memo.keep("b", miss, answer("B", None), at(10));
+        assert_eq!(
+            memo.len(),
+            1,
+            "an answer that ended at this instant stayed kept"
+        );
+        assert!(body(&memo, "b", at(10)).is_some());
+    }
+
+    #[test]
     fn debug_output_never_shows_a_kept_body() {
         let memo = Memo::default();
         let miss = memo.kept("a", || at(0), |_| {}).unwrap_err();

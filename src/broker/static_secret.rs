@@ -467,6 +467,54 @@ mod tests {
     }
 
     #[test]
+    fn a_reload_forgets_the_answers_of_every_memo_registered_and_alive() {
+        use crate::broker::memo::Answer;
+        use std::time::SystemTime;
+
+        let store = Store::empty(Arc::new(Metrics::new()));
+        let keep_one = |memo: &Memo| {
+            let miss = memo
+                .kept("registry=r", SystemTime::now, |_| {})
+                .unwrap_err();
+            memo.keep(
+                "registry=r",
+                miss,
+                Answer {
+                    body: bytes::Bytes::from_static(b"{}"),
+                    registry: Registry::parse("r.example.com").unwrap(),
+                    source: "static",
+                    cached: false,
+                    until: None,
+                },
+                SystemTime::now(),
+            );
+            assert_eq!(memo.len(), 1);
+        };
+        let gone = Arc::new(Memo::default());
+        store.forget_on_reload(&gone);
+        drop(gone);
+        let (first, second) = (Arc::new(Memo::default()), Arc::new(Memo::default()));
+        store.forget_on_reload(&first);
+        store.forget_on_reload(&second);
+        keep_one(&first);
+        keep_one(&second);
+        store.reload().unwrap();
+        assert!(
+            first.is_empty(),
+            "the first memo kept an answer across a reload"
+        );
+        assert!(
+            second.is_empty(),
+            "the second memo kept an answer across a reload"
+        );
+        assert_eq!(
+            store.memos.lock().unwrap().len(),
+            2,
+            "a dropped memo stayed registered"
+        );
+    }
+
+    #[test]
     fn a_document_of_4_mib_is_read_and_one_byte_more_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.json");
