@@ -7,7 +7,8 @@
 //! One layer, written by hand, rather than axum's `from_fn` middlewares and a
 //! `route_layer`: each of those clones a boxed service and boxes a future for every
 //! request, which was a third of a cache hit's allocations (BENCHMARKS.md, "The hit
-//! path"). Here a request costs two reference counts and no allocation of its own.
+//! path"). Here a request costs one reference count and no allocation of its own, and one
+//! that never waits (a cache hit) starts no timer.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -22,6 +23,8 @@ use axum::extract::Request;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use regbroker_provider::SecretString;
+use tokio::task::Unconstrained;
+use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::access;
@@ -95,28 +98,53 @@ fn needs_token(route: &'static str, method: &Method) -> bool {
     }
 }
 
-/// Holds one in-flight slot until dropped.
-struct Slot(Arc<Front>);
+/// One request's hold on the layer: where it is counted when answered, and its in-flight
+/// slot (if it took one), given back when the answer is ready or the client goes away.
+/// One reference count per request.
+struct Held {
+    front: Arc<Front>,
+    slot: bool,
+}
 
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Some(limit) = &self.0.limit {
+impl Held {
+    fn release(&mut self) {
+        if std::mem::take(&mut self.slot)
+            && let Some(limit) = &self.front.limit
+        {
             limit.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Held").field("slot", &self.slot).finish()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 impl Front {
-    /// One slot, unless `max` are taken.
-    fn enter(self: &Arc<Front>) -> Result<Option<Slot>, ()> {
+    /// The request's hold, with a slot, unless `max` are taken (then `Err`, with the
+    /// hold to answer with).
+    fn enter(self: &Arc<Front>) -> Result<Held, Held> {
+        let mut held = Held {
+            front: self.clone(),
+            slot: false,
+        };
         let Some(limit) = &self.limit else {
-            return Ok(None);
+            return Ok(held);
         };
         if limit.in_flight.fetch_add(1, Ordering::AcqRel) >= limit.max {
             limit.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return Err(());
+            return Err(held);
         }
-        Ok(Some(Slot(self.clone())))
+        held.slot = true;
+        Ok(held)
     }
 }
 
@@ -135,18 +163,18 @@ where
 
     fn call(&mut self, req: axum::http::Request<B>) -> AppFuture {
         let route = route_label(req.uri().path());
-        let done = |response: Response| AppFuture {
+        let done = |held: Held, response: Response| AppFuture {
             state: State::Done {
                 response: Some(response),
             },
             route,
-            front: self.front.clone(),
-            slot: None,
+            held,
         };
-        let slot = match self.front.enter() {
-            Ok(slot) => slot,
-            Err(()) => {
+        let held = match self.front.enter() {
+            Ok(held) => held,
+            Err(held) => {
                 return done(
+                    held,
                     AppError {
                         status: StatusCode::SERVICE_UNAVAILABLE,
                         code: "overloaded",
@@ -161,22 +189,19 @@ where
             && !access::presents(req.headers(), token)
         {
             // Answered at once: its slot goes back now.
-            return done(access::unauthorized());
+            return done(held, access::unauthorized());
         }
         let req = req.map(axum::body::Body::new);
         let future = self.router.call(req);
         let state = match &self.front.limit {
             Some(limit) => State::Timed {
-                future: tokio::time::timeout(limit.timeout, future),
+                future,
+                timeout: limit.timeout,
+                timer: None,
             },
             None => State::Untimed { future },
         };
-        AppFuture {
-            state,
-            route,
-            front: self.front.clone(),
-            slot,
-        }
+        AppFuture { state, route, held }
     }
 }
 
@@ -186,7 +211,13 @@ pin_project_lite::pin_project! {
     #[project = StateProj]
     enum State {
         Done { response: Option<Response> },
-        Timed { #[pin] future: tokio::time::Timeout<RouteFuture> },
+        // The timer starts at the request's first wait: a cache hit never waits, so it
+        // reads no clock and takes no reference to the runtime's timer.
+        Timed {
+            #[pin] future: RouteFuture,
+            timeout: Duration,
+            #[pin] timer: Option<Unconstrained<Sleep>>,
+        },
         Untimed { #[pin] future: RouteFuture },
     }
 }
@@ -197,9 +228,7 @@ pin_project_lite::pin_project! {
         #[pin]
         state: State,
         route: &'static str,
-        front: Arc<Front>,
-        // Released when the answer is ready (or the client goes away).
-        slot: Option<Slot>,
+        held: Held,
     }
 }
 
@@ -216,30 +245,39 @@ impl Future for AppFuture {
                 Poll::Ready(Err(never)) => match never {},
                 Poll::Pending => return Poll::Pending,
             },
-            StateProj::Timed { future } => match future.poll(cx) {
-                Poll::Ready(Ok(Ok(response))) => response,
-                Poll::Ready(Ok(Err(never))) => match never {},
-                Poll::Ready(Err(_elapsed)) => {
-                    let timeout = this
-                        .front
-                        .limit
-                        .as_ref()
-                        .map_or(Duration::ZERO, |l| l.timeout);
-                    AppError {
-                        status: StatusCode::GATEWAY_TIMEOUT,
-                        code: "request_timeout",
-                        message: format!(
-                            "request took longer than {}",
-                            humantime::format_duration(timeout)
-                        ),
+            StateProj::Timed {
+                future,
+                timeout,
+                mut timer,
+            } => match future.poll(cx) {
+                Poll::Ready(Ok(response)) => response,
+                Poll::Ready(Err(never)) => match never {},
+                Poll::Pending => {
+                    if timer.is_none() {
+                        // Polled outside the task's budget, as tokio's own `Timeout`
+                        // does, so a request that spends the budget still times out.
+                        timer.set(Some(tokio::task::unconstrained(tokio::time::sleep(
+                            *timeout,
+                        ))));
                     }
-                    .into_response()
+                    match timer.as_pin_mut().map(|timer| timer.poll(cx)) {
+                        Some(Poll::Ready(())) => AppError {
+                            status: StatusCode::GATEWAY_TIMEOUT,
+                            code: "request_timeout",
+                            message: format!(
+                                "request took longer than {}",
+                                humantime::format_duration(*timeout)
+                            ),
+                        }
+                        .into_response(),
+                        _ => return Poll::Pending,
+                    }
                 }
-                Poll::Pending => return Poll::Pending,
             },
         };
-        *this.slot = None;
-        this.front
+        this.held.release();
+        this.held
+            .front
             .metrics
             .http_request(this.route, response.status().as_u16());
         Poll::Ready(Ok(response))
@@ -309,13 +347,16 @@ mod tests {
         };
         let a = front.enter().unwrap();
         let b = front.enter().unwrap();
-        assert!(a.is_some() && b.is_some());
+        assert!(a.slot && b.slot);
         assert!(front.enter().is_err(), "a third request past a cap of 2");
         assert_eq!(in_flight(), Some(2), "a refused request holds no slot");
         drop(a);
         assert_eq!(in_flight(), Some(1));
-        let c = front.enter().unwrap();
-        assert!(c.is_some());
+        let mut c = front.enter().unwrap();
+        assert!(c.slot);
+        c.release();
+        c.release();
+        assert_eq!(in_flight(), Some(1), "a slot given back twice");
         drop((b, c));
         assert_eq!(in_flight(), Some(0));
 
@@ -324,6 +365,6 @@ mod tests {
             limit: None,
             token: None,
         });
-        assert!(matches!(unlimited.enter(), Ok(None)));
+        assert!(matches!(unlimited.enter(), Ok(Held { slot: false, .. })));
     }
 }
