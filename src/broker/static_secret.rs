@@ -474,7 +474,7 @@ mod tests {
         let store = Store::empty(Arc::new(Metrics::new()));
         let keep_one = |memo: &Memo| {
             let miss = memo
-                .kept("registry=r", SystemTime::now, |_| {})
+                .kept("registry=r", || SystemTime::UNIX_EPOCH, |_| {})
                 .unwrap_err();
             memo.keep(
                 "registry=r",
@@ -486,7 +486,7 @@ mod tests {
                     cached: false,
                     until: None,
                 },
-                SystemTime::now(),
+                SystemTime::UNIX_EPOCH,
             );
             assert_eq!(memo.len(), 1);
         };
