@@ -74,9 +74,8 @@ count() {
     curl -sf -o "$work/answer.json" "$url" && break
     sleep 0.1
   done
-  local i
-  for i in $(seq 1 "$warm"); do printf 'url = "%s"\noutput = /dev/null\n' "$url"; done >"$work/warm.cfg"
-  for i in $(seq 1 "$n"); do printf 'url = "%s"\noutput = /dev/null\n' "$url"; done >"$work/n.cfg"
+  for _ in $(seq 1 "$warm"); do printf 'url = "%s"\noutput = /dev/null\n' "$url"; done >"$work/warm.cfg"
+  for _ in $(seq 1 "$n"); do printf 'url = "%s"\noutput = /dev/null\n' "$url"; done >"$work/n.cfg"
   curl -sf -K "$work/warm.cfg"
   callgrind_control -z "$pid" >/dev/null 2>&1
   curl -sf -K "$work/n.cfg"

@@ -174,7 +174,7 @@ echo "cloud guides"
 python3 deploy/check_clouds.py
 
 echo "shellcheck"
-shellcheck deploy/check.sh .ci/run bench/run.sh scripts/*.sh fuzz/run.sh
+shellcheck deploy/check.sh .ci/run bench/*.sh scripts/*.sh fuzz/run.sh
 
 # actionlint checks the workflows' expressions, job graph, action inputs and permissions,
 # and runs shellcheck over every `run:` script. It is given shellcheck's path explicitly:
