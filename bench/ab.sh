@@ -31,39 +31,17 @@ for b in "$bare" "${bins[@]}"; do
   [ -x "$b" ] || { echo "no $b" >&2; exit 1; }
 done
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() {
-  for _ in $(seq 1 300); do
-    curl -sf -o /dev/null "http://$1$2" && return 0
-    sleep 0.1
-  done
-  echo "nothing answered http://$1$2" >&2
-  return 1
-}
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 secret=$(python3 -c 'import base64; print(base64.b64encode(b"b" * 1200).decode())')
 echo "{\"auths\": {\"123456789012.dkr.ecr.us-east-1.amazonaws.com\": {\"username\": \"AWS\", \"password\": \"$secret\"}}}" >"$work/config.json"
-gport=$(free_port)
-(cd "$work" && exec gcplocal start --host 127.0.0.1 --port "$gport" >/dev/null 2>&1) &
-pids+=($!)
-for _ in $(seq 1 300); do
-  curl -sf -o /dev/null -H 'Metadata-Flavor: Google' \
-    "http://127.0.0.1:$gport/computeMetadata/v1/instance/service-accounts/default/token" && break
-  sleep 0.1
-done
+start_gcplocal
 
 names=(bare) urls=() servers=()
 for b in "${bins[@]}"; do
   port=$(free_port)
-  env -i PATH="$PATH" HOME="$work" REGBROKER_LOG=warn GCE_METADATA_HOST="127.0.0.1:$gport" \
+  env -i PATH="$PATH" HOME="$work" REGBROKER_LOG=warn GCE_METADATA_HOST="$gce" \
     "$b" serve --listen "127.0.0.1:$port" --docker-config "$work/config.json" 2>"$work/${#servers[@]}.log" &
   pids+=($!) servers+=($!)
   wait_http "127.0.0.1:$port" /readyz

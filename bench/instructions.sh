@@ -32,15 +32,8 @@ for b in "$bin" "$bare"; do
   [ -x "$b" ] || { echo "no $b: cargo build --release --bin regbroker --example bench_bare_server" >&2; exit 1; }
 done
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
 
 ecr_host=123456789012.dkr.ecr.us-east-1.amazonaws.com
 gar_host=europe-west1-docker.pkg.dev
@@ -50,15 +43,7 @@ printf '{"auths": {"%s": {"username": "AWS", "password": "%s"}}}\n' "$ecr_host" 
 gce=
 if printf '%s\n' "${paths[@]}" | grep -qx gcp; then
   command -v gcplocal >/dev/null || { echo "the gcp path needs gcplocal (pip install gcplocal)" >&2; exit 1; }
-  gport=$(free_port)
-  (cd "$work" && exec gcplocal start --host 127.0.0.1 --port "$gport" >/dev/null 2>&1) &
-  pids+=("$!")
-  gce=127.0.0.1:$gport
-  for _ in $(seq 1 300); do
-    curl -sf -o /dev/null -H 'Metadata-Flavor: Google' \
-      "http://$gce/computeMetadata/v1/instance/service-accounts/default/token" && break
-    sleep 0.1
-  done
+  start_gcplocal
 fi
 
 # count NAME URL CMD...: runs CMD (which runs the server under $callgrind) and prints the

@@ -53,26 +53,8 @@ bin=$dist/regbroker
 helper_bin=$dist/docker-credential-regbroker
 bare=$target/$triple/release/examples/bench_bare_server
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# wait_http ADDR PATH: until it answers 200.
-wait_http() {
-  for _ in $(seq 1 300); do
-    curl -sf -o /dev/null "http://$1$2" && return 0
-    sleep 0.1
-  done
-  echo "nothing answered http://$1$2" >&2
-  return 1
-}
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
 
 # serve NAME ENV... -- ARGS...: starts `regbroker serve` on a free port with env, sets
 # $addr and $pid.
@@ -104,16 +86,7 @@ echo "$ecr_host" >"$work/ecr-input"
 echo "$gar_host" >"$work/gar-input"
 
 step "gcplocal (GCE metadata emulator: the gcp provider's token becomes a cached credential)"
-gport=$(free_port)
-(cd "$work" && exec gcplocal start --host 127.0.0.1 --port "$gport" >/dev/null 2>&1) &
-gcplocal_pid=$!
-pids+=("$gcplocal_pid")
-gce=127.0.0.1:$gport
-for _ in $(seq 1 300); do
-  curl -sf -o /dev/null -H 'Metadata-Flavor: Google' \
-    "http://$gce/computeMetadata/v1/instance/service-accounts/default/token" && break
-  sleep 0.1
-done
+start_gcplocal
 
 # ------------------------------------------------------------ 1. sidecar HTTP over loopback
 step "sidecar vs bare axum server (wrk, ${rounds} alternating rounds of ${duration}s)"
