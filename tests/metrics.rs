@@ -34,27 +34,18 @@ async fn repeated_requests_are_counted_as_hits_and_served_as_the_first_was() {
         "the answers were not kept"
     );
     let (_, text) = srv.get("/metrics").await;
-    let value = |series: &str| sample(&text, series).unwrap_or(0.0);
-    assert_eq!(
-        value(r#"regbroker_cache_lookups_total{result="miss"}"#),
-        1.0,
-        "{text}"
-    );
-    assert_eq!(
-        value(r#"regbroker_cache_lookups_total{result="hit"}"#),
-        3.0,
-        "{text}"
-    );
-    assert_eq!(
-        value(r#"regbroker_credentials_served_total{source="fake"}"#),
-        4.0,
-        "{text}"
-    );
-    assert_eq!(
-        value(r#"regbroker_credentials_served_total{source="static"}"#),
-        4.0,
-        "{text}"
-    );
+    for (series, expected) in [
+        (r#"regbroker_cache_lookups_total{result="miss"}"#, 1.0),
+        (r#"regbroker_cache_lookups_total{result="hit"}"#, 3.0),
+        (r#"regbroker_credentials_served_total{source="fake"}"#, 4.0),
+        (
+            r#"regbroker_credentials_served_total{source="static"}"#,
+            4.0,
+        ),
+    ] {
+        let value = sample(&text, series).unwrap_or(0.0);
+        assert_eq!(value, expected, "{series}\n{text}");
+    }
 }
 
 #[tokio::test]
