@@ -182,7 +182,7 @@ where
             && let Some(token) = &self.front.token
             && !access::presents(req.headers(), token)
         {
-            // Answered at once: its slot goes back now.
+            // Answered at once: its slot goes back at the first poll, with the answer.
             return done(held, access::unauthorized());
         }
         let req = req.map(axum::body::Body::new);
